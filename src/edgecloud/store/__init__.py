@@ -1,0 +1,82 @@
+"""Model store: the catalogue, pulling and verifying models, and the cache directory.
+
+``resolve_model(name_or_path)`` is the one door every runtime uses: a catalogue name becomes
+a verified file in the cache (pulled on first use when allowed), a local ``.gguf`` path is
+checked to exist and to be a GGUF file.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..errors import ModelIntegrityError, ModelNotFoundError
+from .cache import home_dir, model_file, models_dir
+from .catalogue import CatalogueEntry, catalogue, get_entry, require_entry
+from .fetch import is_pulled, pull, verify
+
+__all__ = [
+    "CatalogueEntry",
+    "catalogue",
+    "get_entry",
+    "require_entry",
+    "pull",
+    "verify",
+    "is_pulled",
+    "resolve_model",
+    "is_local_path",
+    "check_gguf_magic",
+    "home_dir",
+    "models_dir",
+    "model_file",
+]
+
+_GGUF_MAGIC = b"GGUF"
+
+
+def is_local_path(name_or_path: str | os.PathLike[str]) -> bool:
+    """True when the argument names a file rather than a catalogue entry."""
+    if isinstance(name_or_path, os.PathLike):
+        return True
+    text = str(name_or_path)
+    return text.endswith(".gguf") or os.sep in text or text.startswith((".", "~"))
+
+
+def check_gguf_magic(path: Path) -> None:
+    """ModelIntegrityError unless ``path`` starts with the GGUF magic bytes."""
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(4)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read model file {path}: {exc.strerror}") from exc
+    if head != _GGUF_MAGIC:
+        raise ModelIntegrityError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
+
+
+def resolve_model(
+    name_or_path: str | os.PathLike[str], *, pull: bool = True, progress: bool = True
+) -> Path:
+    """A verified local file for a catalogue name or a ``.gguf`` path.
+
+    Catalogue names are pulled on first use when ``pull`` is true (with a progress bar on
+    stderr when ``progress``); otherwise a missing model raises ModelNotFoundError saying how
+    to pull it. A cached file that fails size/sha256 verification raises ModelIntegrityError.
+    """
+    if is_local_path(name_or_path):
+        path = Path(name_or_path).expanduser()
+        if not path.is_file():
+            raise ModelNotFoundError(f"no model file at {path}")
+        check_gguf_magic(path)
+        return path.resolve()
+    name = str(name_or_path)
+    entry = require_entry(name)
+    path = model_file(name)
+    if not path.is_file():
+        if not pull:
+            raise ModelNotFoundError(f"model {name!r} is not pulled yet; run `edgecloud models pull {name}`")
+        return _pull(name, progress=progress)
+    verify(entry, path, progress=progress)
+    return path
+
+
+_pull = pull

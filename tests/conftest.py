@@ -1,0 +1,37 @@
+"""Shared fixtures: real model files from the store's cache (pulled once, then reused)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from edgecloud.store import resolve_model
+
+SMOLLM2 = "smollm2-135m-instruct-q4"
+QWEN05 = "qwen2.5-coder-0.5b-instruct-q4"
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    """SmolLM2-135M Q4_1: the fast real model for tests where the model does not matter."""
+    return resolve_model(SMOLLM2, pull=True, progress=False)
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    """Qwen2.5-Coder-0.5B Q4_K_M: the default edge model."""
+    return resolve_model(QWEN05, pull=True, progress=False)
+
+
+@pytest.fixture()
+def edgecloud_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty EDGECLOUD_HOME for tests that exercise the cache itself."""
+    home = tmp_path / "edgecloud-home"
+    monkeypatch.setenv("EDGECLOUD_HOME", str(home))
+    return home
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"EDGECLOUD_HOME={os.environ.get('EDGECLOUD_HOME', '(platform cache)')}"

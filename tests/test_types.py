@@ -1,0 +1,87 @@
+"""Request validation: every bad field raises InvalidRequestError naming that field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from edgecloud import ChatRequest, InvalidRequestError
+from edgecloud.types import ChatCompletionChunk, ChoiceDelta, ChunkChoice, Usage, collect_chunks
+
+USER = [{"role": "user", "content": "hi"}]
+
+
+@pytest.mark.parametrize(
+    ("fields", "param"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": "hi"}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages[0].role"),
+        ({"messages": [{"role": "user", "content": 42}]}, "messages[0].content"),
+        ({"messages": [*USER, {"role": "user", "content": {"a": 1}}]}, "messages[1].content"),
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content"),
+        ({"messages": [{"role": "user"}]}, "messages[0].content"),
+        ({"messages": USER, "max_tokens": 0}, "max_tokens"),
+        ({"messages": USER, "max_tokens": -5}, "max_tokens"),
+        ({"messages": USER, "temperature": -0.1}, "temperature"),
+        ({"messages": USER, "top_p": 0}, "top_p"),
+        ({"messages": USER, "top_p": 1.01}, "top_p"),
+        ({"messages": USER, "stop": [1, 2]}, "stop"),
+        ({"messages": USER, "temprature": 0.5}, "temprature"),
+        ({"messages": USER, "route": "moon"}, "route"),
+    ],
+)
+def test_bad_field_names_the_field(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        ChatRequest(**fields)
+    assert info.value.param == param
+    assert param in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_parse_rejects_non_object() -> None:
+    with pytest.raises(InvalidRequestError):
+        ChatRequest.parse(["not", "a", "dict"])
+
+
+def test_parse_translates_like_construction() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        ChatRequest.parse({"messages": USER, "max_tokens": 0})
+    assert info.value.param == "max_tokens"
+
+
+def test_text_parts_are_joined_and_developer_maps_to_system() -> None:
+    request = ChatRequest(
+        messages=[
+            {"role": "developer", "content": "be brief"},
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+        ],
+        stop="END",
+    )
+    assert request.message_dicts() == [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "ab"},
+    ]
+    assert request.stop_sequences == ["END"]
+
+
+def test_collect_chunks_folds_text_finish_and_usage() -> None:
+    def chunk(**kw: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id="c1", created=1, model="m", **kw)
+
+    chunks = [
+        chunk(choices=[ChunkChoice(delta=ChoiceDelta(role="assistant"))]),
+        chunk(choices=[ChunkChoice(delta=ChoiceDelta(content="Hel"))]),
+        chunk(choices=[ChunkChoice(delta=ChoiceDelta(content="lo"))]),
+        chunk(choices=[ChunkChoice(finish_reason="length")], usage=Usage(prompt_tokens=3, completion_tokens=2, total_tokens=5)),
+    ]
+    done = collect_chunks(chunks)
+    assert done.text == "Hello"
+    assert done.choices[0].finish_reason == "length"
+    assert done.usage.total_tokens == 5
+
+
+def test_collect_empty_stream_is_an_error() -> None:
+    with pytest.raises(InvalidRequestError):
+        collect_chunks([])
