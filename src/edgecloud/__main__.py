@@ -1,0 +1,5 @@
+"""``python -m edgecloud`` runs the CLI."""
+
+from .cli import main
+
+main()
