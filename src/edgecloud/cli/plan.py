@@ -1,0 +1,58 @@
+"""``edgecloud plan``: will a model fit a device, at what context, with which KV cache?"""
+
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from ..edge.device import device_names
+from ..edge.memory import KV_CACHE_TYPES, plan
+from ..errors import EdgeCloudError
+
+__all__ = ["plan_command"]
+
+_MiB = 1024**2
+
+
+def _mib(n: int) -> str:
+    return f"{n / _MiB:,.1f} MiB"
+
+
+def plan_command(
+    model: str = typer.Option(..., "--model", help="Catalogue name or path to a local .gguf file."),
+    device: str = typer.Option("this", "--device", help=f"Device profile: {', '.join(device_names())}."),
+    ctx: Optional[int] = typer.Option(None, "--ctx", help="Context tokens to plan for (default: the largest that fits, up to 8192)."),
+    kv_cache_type: Optional[str] = typer.Option(
+        None, "--kv-cache-type", help=f"Force the KV cache type: {', '.join(KV_CACHE_TYPES)} (default: f16, quantized only when needed)."
+    ),
+    json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
+) -> None:
+    """Plan a model's memory on a device: weights, KV cache, compute buffers, and whether it fits."""
+    try:
+        result = plan(model, device, ctx, kv_cache_type=kv_cache_type)
+    except EdgeCloudError as exc:
+        typer.echo(f"edgecloud: error: {exc}", err=True)
+        raise typer.Exit(2) from None
+    if json_output:
+        typer.echo(json.dumps(result.to_dict()))
+        return
+    table = Table(title=f"{result.model} on {result.device}", show_header=False)
+    table.add_column("item")
+    table.add_column("value", justify="right")
+    table.add_row("fits", "[green]yes[/green]" if result.fits else "[red]no[/red]")
+    table.add_row("context", f"{result.n_ctx:,} tokens (max {result.max_context:,})")
+    table.add_row("KV cache", f"{result.kv_cache_type}, flash attention {'on' if result.flash_attn else 'off'}")
+    table.add_row("GPU layers", str(result.gpu_layers))
+    table.add_row("weights", _mib(result.weights_bytes))
+    table.add_row("KV cache", _mib(result.kv_bytes))
+    table.add_row("compute buffers", _mib(result.compute_bytes))
+    table.add_row("runtime overhead", _mib(result.overhead_bytes))
+    table.add_row("total", _mib(result.total_bytes))
+    table.add_row("budget", _mib(result.budget_bytes))
+    console = Console()
+    console.print(table)
+    console.print(result.reason)

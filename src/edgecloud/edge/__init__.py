@@ -1,0 +1,1 @@
+"""On-device runtimes (llama.cpp first), device profiles and the memory-budget planner."""
