@@ -3,7 +3,7 @@
 For each model and context size: plan it (``edgecloud.edge.memory.plan(model, "this", ctx=n)``),
 then in a FRESH subprocess load the model with exactly ``plan.llama_kwargs()``, evaluate a
 prompt of nearly ``n`` tokens (so every KV page is written) plus a few generated tokens, and
-read the subprocess's peak RSS (``ru_maxrss``). Prints one JSON object on stdout and writes it
+read the subprocess's peak RSS (``VmHWM``). Prints one JSON object on stdout and writes it
 to ``benchmarks/results/memory_accuracy.json``.
 
 Each measurement holds ``flock /tmp/edgecloud-bench.lock`` so it never overlaps another
@@ -15,16 +15,14 @@ benchmark timing on the same cores.
 from __future__ import annotations
 
 import argparse
-import fcntl
 import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from _common import bench_lock
 from edgecloud.edge.memory import plan
 from edgecloud.store import resolve_model
 
@@ -35,7 +33,6 @@ MODELS: dict[str, str] = {
     "qwen15": "qwen2.5-coder-1.5b-instruct-q4",
 }
 CONTEXTS = (512, 2048, 8192)
-LOCK_PATH = "/tmp/edgecloud-bench.lock"
 RESULTS = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"
 TOLERANCE = 0.10
 
@@ -44,7 +41,18 @@ CHILD = r"""
 import json, resource, sys
 path, kwargs = sys.argv[1], json.loads(sys.argv[2])
 import llama_cpp
-rss_before_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+def high_water_mark():
+    # VmHWM belongs to this process image; ru_maxrss survives execve and would report the
+    # parent's peak when the parent (e.g. a pytest run that already loaded models) is larger.
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+rss_before_load = high_water_mark()
 llm = llama_cpp.Llama(model_path=path, verbose=bool(int(sys.argv[3])), **kwargs)
 n_ctx = llm.n_ctx()
 words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
@@ -55,21 +63,9 @@ llm.eval(tokens)
 for _ in range(4):
     tok = llm.sample(temp=0.0)
     llm.eval([tok])
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = high_water_mark()
 print(json.dumps({"peak_rss": peak, "rss_before_load": rss_before_load, "n_ctx": n_ctx, "n_past": llm.n_tokens}))
 """
-
-
-@contextmanager
-def bench_lock() -> Iterator[None]:
-    """Hold the shared benchmark lock (other benchmarks time on the same cores)."""
-    with open(LOCK_PATH, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-
 
 def measure(path: Path, kwargs: dict[str, Any], *, verbose: bool = False, timeout: float = 3600) -> dict[str, Any]:
     """Peak RSS of a fresh process that loads ``path`` with ``kwargs`` and fills its context."""
@@ -86,7 +82,6 @@ def measure(path: Path, kwargs: dict[str, Any], *, verbose: bool = False, timeou
     if verbose:
         result["log"] = proc.stderr
     return result
-
 
 def run(models: list[str], contexts: list[int]) -> dict[str, Any]:
     points = []
@@ -128,7 +123,6 @@ def run(models: list[str], contexts: list[int]) -> dict[str, Any]:
         },
     }
 
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma list of {', '.join(MODELS)}")
@@ -147,7 +141,6 @@ def main(argv: list[str] | None = None) -> int:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(text + "\n", encoding="utf-8")
     return 0 if report["summary"]["all_within"] else 1
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

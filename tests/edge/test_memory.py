@@ -200,6 +200,8 @@ def test_kv_bytes_match_what_llama_cpp_allocates(smollm2: Path, cache_type: str)
 
 
 def _load_bench():
+    if str(BENCH.parent) not in sys.path:
+        sys.path.insert(0, str(BENCH.parent))  # for the benchmarks' shared _common module
     spec = importlib.util.spec_from_file_location("memory_accuracy", BENCH)
     module = importlib.util.module_from_spec(spec)
     assert spec.loader is not None

@@ -147,3 +147,10 @@ def test_local_paths(tmp_path: Path, smollm2_path: Path) -> None:
     not_gguf.write_text("hello")
     with pytest.raises(ModelIntegrityError, match="not a GGUF"):
         store.resolve_model(not_gguf)
+
+
+def test_hub_id_without_network_is_a_fetch_error_not_a_crash() -> None:
+    with pytest.raises((ModelFetchError, ModelNotFoundError)):
+        store.resolve_model("hf://Qwen/Qwen2.5-3B-Instruct-GGUF/qwen2.5-3b-instruct-q4_k_m.gguf")
+    with pytest.raises(ModelNotFoundError, match="hf://OWNER/REPO/FILE.gguf"):
+        store.resolve_model("hf://just-a-name")

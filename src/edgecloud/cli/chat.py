@@ -142,7 +142,7 @@ def _one_shot(
         raise typer.Exit(2) from None
     sys.stdout.write("\n")
     sys.stdout.flush()
-    err.print(f"[dim]{stats.line()}[/dim]")
+    err.print(f"[dim]{stats.line()}[/dim]", soft_wrap=True)
 
 
 def _repl(

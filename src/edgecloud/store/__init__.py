@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import ModelIntegrityError, ModelNotFoundError
+from ..errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from .cache import home_dir, model_file, models_dir
 from .catalogue import CatalogueEntry, catalogue, get_entry, require_entry
 from .fetch import is_pulled, pull, verify
@@ -24,6 +24,7 @@ __all__ = [
     "verify",
     "is_pulled",
     "resolve_model",
+    "fetch_hub_file",
     "is_local_path",
     "check_gguf_magic",
     "home_dir",
@@ -32,6 +33,30 @@ __all__ = [
 ]
 
 _GGUF_MAGIC = b"GGUF"
+
+
+HUB_PREFIX = "hf://"
+
+
+def fetch_hub_file(hub_id: str) -> Path:
+    """Download ``hf://OWNER/REPO/FILE.gguf`` with huggingface_hub (where a network allows it)."""
+    parts = hub_id.removeprefix(HUB_PREFIX).split("/")
+    if len(parts) < 3 or not parts[-1].endswith(".gguf"):
+        raise ModelNotFoundError(f"{hub_id!r} is not a hub id; write hf://OWNER/REPO/FILE.gguf")
+    repo, filename = "/".join(parts[:2]), "/".join(parts[2:])
+    try:
+        from huggingface_hub import hf_hub_download  # type: ignore[import-not-found]
+    except ImportError as exc:
+        raise ModelFetchError(f"{hub_id} needs huggingface_hub: pip install huggingface_hub") from exc
+    try:
+        path = Path(hf_hub_download(repo, filename))
+    except Exception as exc:  # noqa: BLE001 - any hub/network failure means the same to the user
+        raise ModelFetchError(
+            f"could not fetch {hub_id} ({type(exc).__name__}); download it where the hub is reachable "
+            "and pass the local path instead"
+        ) from exc
+    check_gguf_magic(path)
+    return path
 
 
 def is_local_path(name_or_path: str | os.PathLike[str]) -> bool:
@@ -62,6 +87,8 @@ def resolve_model(
     stderr when ``progress``); otherwise a missing model raises ModelNotFoundError saying how
     to pull it. A cached file that fails size/sha256 verification raises ModelIntegrityError.
     """
+    if str(name_or_path).startswith(HUB_PREFIX):
+        return fetch_hub_file(str(name_or_path))
     if is_local_path(name_or_path):
         path = Path(name_or_path).expanduser()
         if not path.is_file():

@@ -1,0 +1,30 @@
+"""Helpers shared by the benchmark scripts: the CPU lock and model lookup."""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+from collections.abc import Iterator
+from pathlib import Path
+
+from edgecloud.store import resolve_model
+
+#: Benchmarks that time things take this lock so two never share the cores.
+LOCK_PATH = Path("/tmp/edgecloud-bench.lock")
+DEFAULT_EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+
+
+@contextlib.contextmanager
+def bench_lock() -> Iterator[None]:
+    """Exclusive use of the CPU cores for timing (other benchmarks take the same lock)."""
+    with open(LOCK_PATH, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def model_path(name_or_path: str | Path = DEFAULT_EDGE_MODEL) -> Path:
+    """A verified local file for a catalogue name or path (pulled on first use)."""
+    return resolve_model(name_or_path, pull=True)

@@ -1,0 +1,692 @@
+"""The llama.cpp edge backend: GGUF INT4 models on this device through llama-cpp-python.
+
+This module owns :class:`LlamaCppBackend`. llama-cpp-python is used for what it does well
+(loading a GGUF file, tokenizing, batched ``eval``); the rest is ours, because the
+OpenAI-shaped stream and the edge's latency budget need it:
+
+- the prompt is the GGUF's own chat template (:mod:`edgecloud.edge.chat_template`), rendered
+  and tokenized exactly as llama-cpp-python's ``Jinja2ChatFormatter`` does (special tokens
+  parsed, no extra BOS);
+- a token-by-token decode loop: greedy is an ``argmax`` over the logits (no sampler call),
+  temperature / top-p / penalties / seed go through a llama.cpp sampler chain, logprobs are a
+  log-softmax of the same logits computed only when asked, text goes through
+  :class:`~edgecloud.edge.text_stream.TextStream` (whole UTF-8 characters, stop strings held
+  back);
+- prefix KV reuse: only the suffix after the longest common prefix with the tokens already
+  in the llama.cpp context is evaluated; a conversation about to be overwritten is saved
+  (llama.cpp's per-sequence state API) into a byte-bounded LRU
+  (:mod:`edgecloud.edge.prefix_cache`) so alternating chats resume without recomputing;
+  the template's fixed prefix (default system prompt) is evaluated at load time, so even
+  the first question skips it; and after an answer, idle time (while the user reads and
+  types) is used to evaluate the next turn's header (end of the answer, the user-turn
+  markers), so a chat's n-th turn prefills no more than its first.
+
+Loading is lazy: the constructor validates its arguments and touches nothing; the model is
+resolved, loaded and warmed by :meth:`LlamaCppBackend.load` or on the first request, so
+building a client never blocks and a model that cannot load surfaces as
+:class:`~edgecloud.errors.BackendUnavailableError` (or ``ModelIntegrityError``) where a
+fallback policy can route around it. Requests are served one at a time (llama.cpp contexts
+are not thread-safe); a second caller waits for the first stream to finish or be closed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..backend import Backend
+from ..errors import (
+    BackendError,
+    BackendUnavailableError,
+    ConfigError,
+    ContextOverflowError,
+    EdgeCloudError,
+    ModelIntegrityError,
+)
+from ..types import (
+    ChatCompletionChunk,
+    ChatRequest,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    RouteInfo,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    new_completion_id,
+    now,
+)
+from .chat_template import ChatTemplate
+from .prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
+from .text_stream import TextStream
+
+__all__ = ["LlamaCppBackend", "LlamaCppStats", "DEFAULT_MODEL", "DEFAULT_PREFIX_CACHE_BYTES", "KV_CACHE_TYPES"]
+
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+#: 256 MiB holds ~21k tokens of KV for the 0.5B model at f16 (12 KiB/token), i.e. a few dozen
+#: saved conversations, at a fraction of the device memory the model itself takes.
+DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
+#: Context size when the memory planner is not available.
+FALLBACK_N_CTX = 4096
+#: Only save the context before overwriting it when at least this many tokens would be lost;
+#: a chat's next turn drops a token or two of the last answer, which is not worth a copy.
+STASH_MIN_TOKENS = 16
+#: After an answer, wait this long for a follow-up request before using the idle time to
+#: evaluate the next turn's header; back-to-back requests never pay for it.
+PREFETCH_GRACE_S = 0.1
+#: Never prefetch more than this many tokens (a retokenized answer that diverged a lot).
+PREFETCH_MAX_TOKENS = 256
+#: OpenAI's defaults when a request leaves them out.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+#: How many recent tokens presence/frequency penalties look at (llama.cpp's default).
+PENALTY_LAST_N = 64
+
+#: KV cache element types accepted for ``kv_cache_type`` -> ggml type id (ggml.h, stable).
+KV_CACHE_TYPES: dict[str, int] = {
+    "f32": 0,
+    "f16": 1,
+    "bf16": 30,
+    "q8_0": 8,
+    "q5_1": 7,
+    "q5_0": 6,
+    "q4_1": 3,
+    "q4_0": 2,
+    "iq4_nl": 20,
+}
+_UNQUANTIZED_KV = {"f32", "f16", "bf16"}
+
+
+@dataclass
+class LlamaCppStats:
+    """Counters since load: what was served and how much prefix reuse saved."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    #: Tokens llama.cpp actually evaluated for prompts (prompt_tokens - cached_tokens).
+    prefill_tokens: int = 0
+    #: Saved states restored from the prefix LRU.
+    restores: int = 0
+    #: Context states saved into the prefix LRU.
+    saves: int = 0
+    #: Tokens of the next turn's header evaluated in idle time after an answer.
+    prefetched_tokens: int = 0
+
+
+def _physical_cores() -> int:
+    try:
+        from .device import detect_device
+    except ImportError:
+        import psutil
+
+        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, int(detect_device().cpu_threads))
+
+
+def _import_llama_cpp() -> Any:
+    try:
+        import llama_cpp
+    except ImportError as exc:
+        raise BackendUnavailableError(
+            "the llama.cpp runtime is not installed; run: pip install 'edgecloud[edge]'"
+        ) from exc
+    return llama_cpp
+
+
+def _ggml_type(value: Any) -> int:
+    """A KV type given as a name ("q8_0") or a ggml id, as the id llama.cpp wants."""
+    if isinstance(value, str):
+        key = value.lower()
+        if key not in KV_CACHE_TYPES:
+            raise ConfigError(f"unknown KV cache type {value!r}; use one of {', '.join(KV_CACHE_TYPES)}")
+        return KV_CACHE_TYPES[key]
+    return int(value)
+
+
+class LlamaCppBackend(Backend):
+    """A GGUF model served on this device by llama.cpp, with prefix KV reuse.
+
+    ``model`` is a catalogue name (pulled and verified by :func:`edgecloud.store.resolve_model`)
+    or a local ``.gguf`` path. ``n_ctx`` / ``kv_cache_type`` override the memory planner's
+    choice for ``device``; ``n_threads`` defaults to the physical cores. ``prefix_cache_bytes``
+    bounds the LRU of saved KV states (0 disables the LRU; the live context is still reused);
+    ``reuse_prefix=False`` turns all prefix reuse off (every request is evaluated from
+    scratch, for benchmarks). ``flash_attn`` overrides the plan's attention kernel choice
+    (a quantized KV cache always uses flash attention). llama.cpp's logging is silenced
+    unless ``verbose``.
+    """
+
+    name = "llamacpp"
+    target = "edge"
+    supports_logprobs = True
+    supports_seed = True
+    supports_stop = True
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        n_ctx: int | None = None,
+        device: str = "this",
+        n_threads: int | None = None,
+        kv_cache_type: str | None = None,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        reuse_prefix: bool = True,
+        flash_attn: bool | None = None,
+        verbose: bool = False,
+    ) -> None:
+        if n_ctx is not None and n_ctx < 16:
+            raise ConfigError(f"n_ctx must be at least 16 tokens, got {n_ctx}")
+        if n_threads is not None and n_threads < 1:
+            raise ConfigError(f"n_threads must be at least 1, got {n_threads}")
+        if kv_cache_type is not None and kv_cache_type.lower() not in KV_CACHE_TYPES:
+            raise ConfigError(f"unknown kv_cache_type {kv_cache_type!r}; use one of {', '.join(KV_CACHE_TYPES)}")
+        if prefix_cache_bytes < 0:
+            raise ConfigError("prefix_cache_bytes must be >= 0")
+        self.model = model
+        self.model_name = Path(model).stem if isinstance(model, Path) or str(model).endswith(".gguf") else str(model)
+        self.device = device
+        self.verbose = verbose
+        self.reuse_prefix = reuse_prefix
+        self._n_ctx_request = n_ctx
+        self._n_threads = n_threads
+        self._kv_cache_type = kv_cache_type.lower() if kv_cache_type else None
+        self._flash_attn = flash_attn
+        self._cache = PrefixCache(prefix_cache_bytes) if reuse_prefix and prefix_cache_bytes > 0 else None
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        #: Requests started so far; a prefetch job is stale once this moves on.
+        self._started = 0
+        self._prefetch_job: tuple[int, list[dict[str, str]]] | None = None
+        self._prefetch_wake = threading.Condition()
+        self._prefetch_thread: threading.Thread | None = None
+        self._closed = False
+        self._llm: Any = None
+        self._lib: Any = None
+        self._template: ChatTemplate | None = None
+        self._pieces: dict[int, bytes] = {}
+        self.model_path: Path | None = None
+        #: The keyword arguments ``llama_cpp.Llama`` was built with (after load).
+        self.llama_kwargs: dict[str, Any] = {}
+        self.n_ctx: int = 0
+        self.stats = LlamaCppStats()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def load(self) -> None:
+        """Resolve, load and warm the model now (otherwise the first request does it)."""
+        with self._serving():
+            self._ensure_loaded()
+
+    def close(self) -> None:
+        """Free the llama.cpp model and context. Safe to call twice.
+
+        Called from the thread that holds an open stream, the resources are freed when that
+        stream ends; from another thread it waits for the stream to finish.
+        """
+        self._closed = True
+        with self._prefetch_wake:
+            self._prefetch_job = None
+            self._prefetch_wake.notify_all()
+        if self._owner == threading.get_ident():
+            return
+        with self._lock:
+            self._free()
+        worker = self._prefetch_thread
+        if worker is not None and worker is not threading.current_thread():
+            worker.join()
+
+    @property
+    def loaded(self) -> bool:
+        """True once the model is in memory."""
+        return self._llm is not None
+
+    @property
+    def context_tokens(self) -> list[int]:
+        """The tokens whose KV is currently in the llama.cpp context."""
+        if self._llm is None:
+            return []
+        return self._llm.input_ids[: self._llm.n_tokens].tolist()
+
+    @property
+    def prefix_cache(self) -> PrefixCache | None:
+        """The LRU of saved KV states (None when disabled)."""
+        return self._cache
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every saved state and the live context (the next request starts cold)."""
+        with self._serving():
+            if self._cache is not None:
+                self._cache.clear()
+            if self._llm is not None:
+                self._forget_context()
+
+    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages`` (template + tokenizer)."""
+        with self._serving():
+            self._ensure_loaded()
+            return self._encode_chat(messages)
+
+    @contextlib.contextmanager
+    def _serving(self) -> Iterator[None]:
+        me = threading.get_ident()
+        if self._owner == me:
+            raise BackendError(
+                "this backend is already streaming an answer in this thread; "
+                "finish or close that stream before starting another"
+            )
+        with self._lock:
+            self._owner = me
+            try:
+                if self._closed:
+                    raise BackendUnavailableError("the llama.cpp backend is closed; create a new one")
+                yield
+            finally:
+                self._owner = None
+                if self._closed:
+                    self._free()
+
+    def _free(self) -> None:
+        if self._cache is not None:
+            self._cache.clear()
+        llm, self._llm = self._llm, None
+        if llm is not None:
+            llm.close()
+
+    def _ensure_loaded(self) -> Any:
+        if self._llm is not None:
+            return self._llm
+        lib = _import_llama_cpp()
+        from ..store import resolve_model
+
+        path = resolve_model(self.model, pull=True)
+        kwargs = self._plan_llama_kwargs(path)
+        try:
+            llm = lib.Llama(model_path=str(path), verbose=self.verbose, **kwargs)
+        except (ValueError, RuntimeError, OSError) as exc:
+            raise self._load_error(path, exc) from exc
+        self._lib, self._llm, self.model_path, self.llama_kwargs = lib, llm, path, kwargs
+        self.n_ctx = llm.n_ctx()
+        self._vocab = llm._model.vocab
+        self._n_vocab = llm.n_vocab()
+        bos, eos = llm.token_bos(), llm.token_eos()
+        self._template = ChatTemplate.from_gguf_metadata(
+            llm.metadata,
+            bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+        )
+        self._pieces = {}
+        self.stats = LlamaCppStats()
+        self._warm_fixed_prefix()
+        return llm
+
+    def _plan_llama_kwargs(self, path: Path) -> dict[str, Any]:
+        """Context size, batch and KV settings: the memory plan, then explicit overrides."""
+        kwargs: dict[str, Any] = {}
+        try:
+            from .memory import plan as plan_memory
+        except ImportError:
+            kwargs["n_ctx"] = self._n_ctx_request or FALLBACK_N_CTX
+        else:
+            plan = plan_memory(path, device=self.device, ctx=self._n_ctx_request, kv_cache_type=self._kv_cache_type)
+            if not plan.fits:
+                raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}")
+            kwargs.update(plan.llama_kwargs())
+            kwargs["n_ctx"] = self._n_ctx_request or plan.n_ctx
+        for key in ("type_k", "type_v"):
+            if kwargs.get(key) is not None:
+                kwargs[key] = _ggml_type(kwargs[key])
+        if self._kv_cache_type is not None:
+            kwargs["type_k"] = kwargs["type_v"] = _ggml_type(self._kv_cache_type)
+        if self._flash_attn is not None:
+            kwargs["flash_attn"] = self._flash_attn
+        unquantized = {_ggml_type(name) for name in _UNQUANTIZED_KV}
+        if kwargs.get("type_v") is not None and kwargs["type_v"] not in unquantized:
+            kwargs["flash_attn"] = True  # llama.cpp needs it for a quantized V cache
+        threads = self._n_threads or _physical_cores()
+        kwargs["n_threads"] = threads
+        kwargs["n_threads_batch"] = threads
+        return kwargs
+
+    def _load_error(self, path: Path, exc: BaseException) -> EdgeCloudError:
+        """A damaged file is the model's fault; anything else is the runtime's."""
+        try:
+            from .gguf_info import read_gguf_spec
+        except ImportError:
+            read_gguf_spec = None
+        if read_gguf_spec is not None:
+            try:
+                read_gguf_spec(path)
+            except ModelIntegrityError as integrity:
+                return integrity
+        return BackendUnavailableError(f"llama.cpp could not load {path}: {exc}")
+
+    def _warm_fixed_prefix(self) -> None:
+        """Evaluate the template's fixed prefix now, so the first question reuses it."""
+        if not self.reuse_prefix:
+            return
+        prefix = self._template.fixed_prefix_tokens(self._tokenize) if self._template else []
+        if len(prefix) < 2:
+            return
+        self._forget_context()
+        self._llm.eval(prefix)
+        if self._cache is not None:
+            self._save_context(pinned=True)
+
+    # ------------------------------------------------------------------ tokens and KV
+
+    def _tokenize(self, text: str) -> list[int]:
+        return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        assert self._template is not None
+        return self._tokenize(self._template.render(messages, add_generation_prompt=True))
+
+    def _piece(self, token: int) -> bytes:
+        piece = self._pieces.get(token)
+        if piece is None:
+            buf = ctypes.create_string_buffer(64)
+            n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
+            if n < 0:
+                buf = ctypes.create_string_buffer(-n)
+                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
+            piece = buf.raw[:n]
+            self._pieces[token] = piece
+        return piece
+
+    def _forget_context(self) -> None:
+        # data=False: mark every cell free without zeroing the buffers (a memset of the whole
+        # n_ctx cache would cost tens of ms per cold request).
+        self._llm.n_tokens = 0
+        memory = self._lib.llama_get_memory(self._llm.ctx)
+        if memory is not None:
+            self._lib.llama_memory_clear(memory, False)
+
+    def _save_context(self, *, pinned: bool = False) -> None:
+        """Copy the live context's KV (exactly its tokens) into the prefix LRU."""
+        llm, lib = self._llm, self._lib
+        n = llm.n_tokens
+        if n == 0 or self._cache is None:
+            return
+        tokens = llm.input_ids[:n].copy()
+        if self._cache.holds(tokens):
+            return
+        llm._ctx.kv_cache_seq_rm(0, n, -1)
+        size = lib.llama_state_seq_get_size(llm.ctx, 0)
+        if size == 0 or size > self._cache.capacity_bytes:
+            return
+        buf = (ctypes.c_uint8 * size)()
+        written = lib.llama_state_seq_get_data(llm.ctx, buf, size, 0)
+        if written and self._cache.put(SavedPrefix(tokens=tokens, state=buf, nbytes=int(written), pinned=pinned)):
+            self.stats.saves += 1
+
+    def _restore(self, entry: SavedPrefix) -> bool:
+        """Load a saved state into the context; False (context emptied) if llama.cpp refuses."""
+        llm = self._llm
+        self._forget_context()
+        if self._lib.llama_state_seq_set_data(llm.ctx, entry.state, entry.nbytes, 0) == 0:
+            self._forget_context()
+            return False
+        n = len(entry.tokens)
+        llm.input_ids[:n] = entry.tokens
+        llm.n_tokens = n
+        self.stats.restores += 1
+        return True
+
+    def _prefill(self, prompt: list[int]) -> int:
+        """Make the context hold ``prompt`` with logits for its last token; return reused count."""
+        llm = self._llm
+        reuse = 0
+        if self.reuse_prefix:
+            arr = np.asarray(prompt, dtype=np.intc)
+            n_live = llm.n_tokens
+            reuse = common_prefix_len_np(llm.input_ids[:n_live], arr)
+            if self._cache is not None:
+                entry, n_saved = self._cache.best_match(arr)
+                if n_live - reuse >= STASH_MIN_TOKENS:
+                    self._save_context()
+                if entry is not None and n_saved > reuse:
+                    reuse = n_saved if self._restore(entry) else 0
+                    self._cache.touch(entry)
+            # At least one prompt token is evaluated: its logits pick the first answer token.
+            reuse = min(reuse, len(prompt) - 1)
+        if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(0, reuse, -1):
+            reuse = 0
+            self._forget_context()
+        llm.n_tokens = reuse
+        llm.eval(prompt[reuse:])
+        return reuse
+
+    def _schedule_prefetch(self, history: list[dict[str, str]]) -> None:
+        """After an answer: evaluate the next user turn's header while the user reads and types.
+
+        Runs on a worker thread once the stream has released the context, and only when no
+        other request started within :data:`PREFETCH_GRACE_S`; so a chat's n-th turn costs
+        the same prefill as its first (just the user's text and the assistant header).
+        """
+        if not self.reuse_prefix:
+            return
+        with self._prefetch_wake:
+            self._prefetch_job = (self._started, history)
+            self._prefetch_wake.notify_all()
+        if self._prefetch_thread is None:
+            self._prefetch_thread = threading.Thread(
+                target=self._prefetch_worker, name="llamacpp-prefetch", daemon=True
+            )
+            self._prefetch_thread.start()
+
+    def _prefetch_worker(self) -> None:
+        while True:
+            with self._prefetch_wake:
+                while self._prefetch_job is None and not self._closed:
+                    self._prefetch_wake.wait()
+                if self._closed:
+                    return
+                # give a follow-up request the chance to arrive first
+                self._prefetch_wake.wait(PREFETCH_GRACE_S)
+                job, self._prefetch_job = self._prefetch_job, None
+            if job is None:
+                continue
+            started, history = job
+            with self._lock:
+                if self._closed or self._llm is None or started != self._started:
+                    continue
+                try:
+                    self._extend_context(history)
+                except Exception:  # noqa: BLE001 - an optimisation; the next request re-evaluates
+                    self._forget_context()
+
+    def _extend_context(self, history: list[dict[str, str]]) -> None:
+        assert self._template is not None
+        try:
+            target = self._template.next_turn_prefix_tokens(self._tokenize, history)
+        except EdgeCloudError:
+            return
+        llm = self._llm
+        keep = common_prefix_len_np(llm.input_ids[: llm.n_tokens], np.asarray(target, dtype=np.intc))
+        todo = len(target) - keep
+        if todo <= 0 or todo > PREFETCH_MAX_TOKENS or len(target) >= self.n_ctx:
+            return
+        if not llm._ctx.kv_cache_seq_rm(0, keep, -1):
+            return
+        llm.n_tokens = keep
+        llm.eval(target[keep:])
+        self.stats.prefetched_tokens += todo
+
+    # ------------------------------------------------------------------ sampling
+
+    def _make_sampler(self, request: ChatRequest) -> Any:
+        """A llama.cpp sampler chain, or None for plain greedy (argmax in numpy)."""
+        temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
+        presence = request.presence_penalty or 0.0
+        frequency = request.frequency_penalty or 0.0
+        if temperature == 0.0 and presence == 0.0 and frequency == 0.0:
+            return None
+        from llama_cpp._internals import LlamaSampler
+
+        sampler = LlamaSampler()
+        if presence or frequency:
+            sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, 1.0, frequency, presence)
+        if temperature == 0.0:
+            sampler.add_greedy()
+            return sampler
+        top_p = DEFAULT_TOP_P if request.top_p is None else request.top_p
+        sampler.add_temp(temperature)
+        if top_p < 1.0:
+            sampler.add_top_p(top_p, 1)
+        if request.seed is None:
+            seed = self._lib.LLAMA_DEFAULT_SEED  # llama.cpp draws a random seed
+        else:
+            seed = request.seed & 0xFFFFFFFF
+            if seed == self._lib.LLAMA_DEFAULT_SEED:
+                seed -= 1  # that value means "random" to llama.cpp
+        sampler.add_dist(seed)
+        return sampler
+
+    def _logprob_entry(self, logits: npt.NDArray[np.single], token: int, top_n: int) -> TokenLogprob:
+        """Logprob of ``token`` (and the ``top_n`` best alternatives) under the model's distribution."""
+        peak = float(logits.max())
+        log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
+        piece = self._piece(token)
+        tops: list[TopLogprob] = []
+        if top_n:
+            best = np.argpartition(logits, -top_n)[-top_n:]
+            best = best[np.argsort(-logits[best], kind="stable")]
+            for alt in best.tolist():
+                alt_piece = self._piece(alt)
+                tops.append(
+                    TopLogprob(
+                        token=alt_piece.decode("utf-8", errors="replace"),
+                        logprob=min(0.0, float(logits[alt]) - log_z),
+                        bytes=list(alt_piece),
+                    )
+                )
+        return TokenLogprob(
+            token=piece.decode("utf-8", errors="replace"),
+            logprob=min(0.0, float(logits[token]) - log_z),
+            bytes=list(piece),
+            top_logprobs=tops,
+        )
+
+    # ------------------------------------------------------------------ the stream
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        """Yield the answer as OpenAI-shaped chunks; closing the iterator stops generation."""
+        return self._generate(request)
+
+    def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        with self._serving():
+            llm = self._ensure_loaded()
+            self._started += 1
+            messages = request.message_dicts()
+            prompt = self._encode_chat(messages)
+            if len(prompt) + 1 > self.n_ctx:
+                raise ContextOverflowError(
+                    len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
+                )
+            room = self.n_ctx - len(prompt)
+            max_new = min(request.max_tokens, room) if request.max_tokens else room
+            sampler = self._make_sampler(request)
+            try:
+                yield from self._decode(llm, request, messages, prompt, max_new, sampler)
+            except (GeneratorExit, EdgeCloudError):
+                raise
+            except Exception as exc:
+                self._forget_context()
+                raise BackendError(f"llama.cpp failed while generating: {exc}") from exc
+            finally:
+                if sampler is not None:
+                    sampler.close()
+
+    def _decode(
+        self,
+        llm: Any,
+        request: ChatRequest,
+        messages: list[dict[str, str]],
+        prompt: list[int],
+        max_new: int,
+        sampler: Any,
+    ) -> Iterator[ChatCompletionChunk]:
+        lib, vocab, ctx, n_vocab = self._lib, self._vocab, llm.ctx, self._n_vocab
+        completion_id, created, model = new_completion_id(), now(), self.model_name
+        want_logprobs = request.logprobs
+        top_n = (request.top_logprobs or 0) if want_logprobs else 0
+        text = TextStream(request.stop_sequences)
+        pending: list[TokenLogprob] = []
+
+        cached = self._prefill(prompt)
+        stats = self.stats
+        stats.requests += 1
+        stats.prompt_tokens += len(prompt)
+        stats.cached_tokens += cached
+        stats.prefill_tokens += len(prompt) - cached
+        route = RouteInfo(target="edge", backend=self.name, reason=f"on device ({self.device}) with llama.cpp")
+
+        def chunk(delta: ChoiceDelta, finish: Any = None, usage: Usage | None = None) -> ChatCompletionChunk:
+            logprobs = None
+            if want_logprobs and (pending or finish is not None):
+                logprobs = ChoiceLogprobs(content=list(pending))
+                pending.clear()
+            return ChatCompletionChunk(
+                id=completion_id,
+                created=created,
+                model=model,
+                choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)],
+                usage=usage,
+                route=route if finish is not None else None,
+            )
+
+        yield ChatCompletionChunk(
+            id=completion_id,
+            created=created,
+            model=model,
+            choices=[ChunkChoice(delta=ChoiceDelta(role="assistant", content=""))],
+            route=route,
+        )
+        generated = 0
+        finish = "length"
+        answer: list[str] = []
+        while generated < max_new:
+            if sampler is None or want_logprobs:
+                logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+            token = int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, -1)
+            if lib.llama_vocab_is_eog(vocab, token):
+                finish = "stop"
+                break
+            generated += 1
+            stats.completion_tokens += 1
+            if want_logprobs:
+                pending.append(self._logprob_entry(logits, token, top_n))
+            delta = text.push(self._piece(token))
+            if delta:
+                answer.append(delta)
+                yield chunk(ChoiceDelta(content=delta))
+            if text.stopped:
+                finish = "stop"
+                break
+            if generated < max_new:
+                llm.eval([token])
+        tail = text.flush()
+        if tail:
+            answer.append(tail)
+            yield chunk(ChoiceDelta(content=tail))
+        usage = Usage(
+            prompt_tokens=len(prompt),
+            completion_tokens=generated,
+            total_tokens=len(prompt) + generated,
+            cached_tokens=cached,
+        )
+        # queued now, run once this stream has released the context
+        self._schedule_prefetch([*messages, {"role": "assistant", "content": "".join(answer)}])
+        yield chunk(ChoiceDelta(), finish=finish, usage=usage)

@@ -1,0 +1,73 @@
+"""`edgecloud chat`: one-shot (answer on stdout, stats on stderr) and the REPL over a pipe."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+EDGECLOUD = [sys.executable, "-m", "edgecloud"]
+
+
+def test_one_shot_prints_only_the_answer(smollm2_path: Path) -> None:
+    result = subprocess.run(
+        [*EDGECLOUD, "chat", "--prompt", "Say hello.", "--model", str(smollm2_path),
+         "--max-tokens", "16", "--temperature", "0"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip(), "an answer on stdout"
+    assert "TTFT" not in result.stdout
+    assert "TTFT" in result.stderr and "edge/llamacpp" in result.stderr
+
+
+def test_one_shot_unknown_model_is_exit_2_without_traceback() -> None:
+    result = subprocess.run(
+        [*EDGECLOUD, "chat", "--prompt", "hi", "--model", "no-such-model"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 2
+    assert "known models" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_repl_commands_over_a_pipe(smollm2_path: Path) -> None:
+    script = "/stats\nWhat is 2+2?\n/stats\n/reset\n/help\n/exit\n"
+    result = subprocess.run(
+        [*EDGECLOUD, "chat", "--model", str(smollm2_path), "--max-tokens", "12", "--temperature", "0"],
+        input=script, capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "no answer yet" in out
+    assert "TTFT" in out and "tok/s" in out
+    assert "conversation cleared" in out
+    assert "/reset" in out  # the help line
+
+
+def test_ctrl_c_stops_the_answer_not_the_program(smollm2_path: Path) -> None:
+    proc = subprocess.Popen(
+        [*EDGECLOUD, "chat", "--model", str(smollm2_path), "--max-tokens", "2000", "--temperature", "0.8"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    assert proc.stdin is not None and proc.stdout is not None
+    proc.stdin.write("Write a very long story about a dragon.\n")
+    proc.stdin.flush()
+    # Wait until the answer has started streaming, then interrupt it.
+    deadline = time.monotonic() + 120
+    seen = ""
+    while "ai›" not in seen and time.monotonic() < deadline:
+        seen += proc.stdout.read(1)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(1.0)
+    proc.stdin.write("/stats\n/exit\n")
+    proc.stdin.flush()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert "(stopped)" in out
+    assert "finish cancelled" in out

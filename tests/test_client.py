@@ -1,0 +1,67 @@
+"""EdgeCloud / AsyncEdgeCloud on the real SmolLM2 model (edge only, no cloud configured)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from edgecloud import AsyncEdgeCloud, BackendUnavailableError, ChatCompletion, EdgeCloud, InvalidRequestError
+
+QUESTION = [{"role": "user", "content": "Name a primary colour."}]
+
+
+@pytest.fixture(scope="module")
+def client(smollm2_path: Path):  # type: ignore[no-untyped-def]
+    with EdgeCloud(edge_model=smollm2_path, n_ctx=1024) as c:
+        yield c
+
+
+def test_create_returns_openai_shape_with_route(client: EdgeCloud) -> None:
+    reply = client.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0)
+    assert isinstance(reply, ChatCompletion)
+    assert reply.object == "chat.completion"
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content
+    assert reply.usage.completion_tokens > 0
+    assert reply.route is not None and reply.route.target == "edge"
+    assert "no cloud" in reply.route.reason
+
+
+def test_stream_chunks_each_carry_the_route(client: EdgeCloud) -> None:
+    chunks = list(client.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0, stream=True))
+    assert chunks and all(c.route is not None and c.route.backend == "llamacpp" for c in chunks)
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    streamed = "".join(c.text for c in chunks)
+    whole = client.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0)
+    assert streamed == whole.choices[0].message.content
+
+
+def test_privacy_pin_is_reported(client: EdgeCloud) -> None:
+    reply = client.chat.completions.create(messages=QUESTION, max_tokens=4, privacy="local_only")
+    assert reply.route is not None and "local_only" in reply.route.reason
+
+
+def test_cloud_route_without_cloud_is_a_clear_error(client: EdgeCloud) -> None:
+    with pytest.raises(BackendUnavailableError, match="no cloud endpoint"):
+        client.chat.completions.create(messages=QUESTION, route="cloud")
+
+
+def test_bad_input_fails_before_any_model_loads() -> None:
+    lazy = EdgeCloud(edge_model="no-such-model")
+    with pytest.raises(InvalidRequestError) as info:
+        lazy.chat.completions.create(messages=[{"role": "user", "content": "x"}], temperature=-1)
+    assert info.value.param == "temperature"
+
+
+def test_async_client(smollm2_path: Path) -> None:
+    async def go() -> tuple[str, str]:
+        async with AsyncEdgeCloud(edge_model=smollm2_path, n_ctx=1024) as ac:
+            whole = await ac.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0)
+            stream = await ac.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0, stream=True)
+            text = "".join([c.text async for c in stream])
+            return whole.choices[0].message.content, text
+
+    whole, streamed = asyncio.run(go())
+    assert whole and whole == streamed
