@@ -13,7 +13,8 @@ Measures, on the 0.5B default edge model:
   own in-context prefix match);
 - ``turn_ttft_ms``: per-turn TTFT of 10-turn chats (median over three chats on different
   topics, ``THINK_S`` seconds between an answer and the next question), and
-  ``turn10_over_turn1``.
+  ``turn10_over_turn1``; ``no_reuse_turn1_ms`` / ``no_reuse_turn10_ms`` are the same turns with
+  prefix reuse off (the whole conversation re-read), for scale.
 
 Targets: warm_ms <= 200 and turn 10 no slower than turn 1 (ratio <= 1.10, the run-to-run
 noise here). Timing runs hold an exclusive flock on /tmp/edgecloud-bench.lock. Prints one
@@ -202,6 +203,7 @@ def main() -> None:
 
         per_turn: list[list[float]] = [[] for _ in range(10)]
         turn_cached: list[list[int]] = [[] for _ in range(10)]
+        histories: list[list[dict[str, str]]] = []
         for chat in CHATS:
             history: list[dict[str, str]] = []
             for i, text in enumerate(chat):
@@ -211,8 +213,17 @@ def main() -> None:
                 turn_cached[i].append(cached)
                 history.append({"role": "assistant", "content": answer})
                 time.sleep(THINK_S)
+            histories.append(history)
         backend.close()
         bare.close()
+
+        # The same turn 1 and turn 10 without any prefix reuse: what the history would cost
+        # if every turn re-read the whole conversation.
+        fresh = LlamaCppBackend(args.model, flash_attn=flash_attn, reuse_prefix=False)
+        fresh.load()
+        no_reuse_turn1 = [ours_ttft(fresh, h[:1], max_tokens=4)[0] for h in histories]
+        no_reuse_turn10 = [ours_ttft(fresh, h[:19], max_tokens=4)[0] for h in histories]
+        fresh.close()
 
     turn_ms = [round(statistics.median(t), 1) for t in per_turn]
     warm_ms = statistics.median(warm)
@@ -234,6 +245,9 @@ def main() -> None:
         "turn_ttft_ms": turn_ms,
         "turn_cached_tokens": [statistics.median(c) for c in turn_cached],
         "turn10_over_turn1": round(ratio, 3),
+        "no_reuse_turn1_ms": round(statistics.median(no_reuse_turn1), 1),
+        "no_reuse_turn10_ms": round(statistics.median(no_reuse_turn10), 1),
+        "turn10_speedup_vs_no_reuse": round(statistics.median(no_reuse_turn10) / turn_ms[-1], 2),
         "think_time_s": THINK_S,
         "targets": {"warm_ms_max": WARM_TARGET_MS, "turn10_over_turn1_max": TURN_RATIO_TARGET},
         "meets_targets": warm_ms <= WARM_TARGET_MS and ratio <= TURN_RATIO_TARGET,
