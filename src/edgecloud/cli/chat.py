@@ -111,7 +111,7 @@ def chat_command(
         else:
             client.edge  # noqa: B018
     except EdgeCloudError as exc:
-        err.print(f"[red]edgecloud: error:[/red] {exc}")
+        err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     history: list[ChatMessage] = [ChatMessage(role="system", content=system)] if system else []
     with client:
@@ -138,7 +138,7 @@ def _one_shot(
         request = _request([*history, ChatMessage(role="user", content=prompt)], max_tokens, temperature, seed)
         _, stats = stream_answer(client, request, lambda t: (sys.stdout.write(t), sys.stdout.flush()))
     except EdgeCloudError as exc:
-        err.print(f"[red]edgecloud: error:[/red] {exc}")
+        err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     sys.stdout.write("\n")
     sys.stdout.flush()
