@@ -1,11 +1,15 @@
-"""Helpers shared by the benchmark scripts: the CPU lock and model lookup."""
+"""Helpers shared by the benchmark scripts: the CPU lock, model lookup, fresh child processes."""
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from edgecloud.store import resolve_model
 
@@ -28,3 +32,11 @@ def bench_lock() -> Iterator[None]:
 def model_path(name_or_path: str | Path = DEFAULT_EDGE_MODEL) -> Path:
     """A verified local file for a catalogue name or path (pulled on first use)."""
     return resolve_model(name_or_path, pull=True)
+
+
+def run_child(script: str, mode: str, model: Path) -> dict[str, Any]:
+    """Run ``script --child MODE --model MODEL`` in a fresh process; its stdout is one JSON object."""
+    out = subprocess.run(
+        [sys.executable, script, "--child", mode, "--model", str(model)], check=True, capture_output=True, text=True
+    )
+    return json.loads(out.stdout)

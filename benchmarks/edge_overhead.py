@@ -19,13 +19,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import DEFAULT_EDGE_MODEL, bench_lock, model_path
+from _common import DEFAULT_EDGE_MODEL, bench_lock, model_path, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results" / "edge_overhead.json"
 MAX_TOKENS = 64
@@ -115,11 +113,8 @@ def child(side: str, model: Path) -> dict[str, float]:
     return {"ttft_ms": run_bare(llm, PROMPTS[0])["ttft_ms"]}
 
 
-def run_child(side: str, model: Path) -> float:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", side, "--model", str(model)], check=True, capture_output=True, text=True
-    )
-    return float(json.loads(out.stdout)["ttft_ms"])
+def cold_ttft_ms(side: str, model: Path) -> float:
+    return float(run_child(__file__, side, model)["ttft_ms"])
 
 
 def main() -> None:
@@ -139,7 +134,7 @@ def main() -> None:
         for i in range(args.first_runs):
             order = ("ours", "bare") if i % 2 == 0 else ("bare", "ours")
             for side in order:
-                first[side].append(run_child(side, args.model))
+                first[side].append(cold_ttft_ms(side, args.model))
 
         backend, bare = load_pair(args.model)
         run_ours(backend, "Hello!")  # untimed: first-call allocations

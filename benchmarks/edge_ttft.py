@@ -26,13 +26,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from _common import DEFAULT_EDGE_MODEL, bench_lock, model_path
+from _common import DEFAULT_EDGE_MODEL, bench_lock, model_path, run_child
 
 RESULTS = Path(__file__).resolve().parent / "results" / "edge_ttft.json"
 WARM_TARGET_MS = 200.0
@@ -149,16 +147,6 @@ def child(mode: str, model: Path) -> dict[str, float]:
     return {"ttft_ms": ms, "cached_tokens": cached}
 
 
-def run_child(mode: str, model: Path) -> dict[str, float]:
-    out = subprocess.run(
-        [sys.executable, __file__, "--child", mode, "--model", str(model)],
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    return json.loads(out.stdout)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default=DEFAULT_EDGE_MODEL, help="catalogue name or .gguf path")
@@ -182,7 +170,7 @@ def main() -> None:
         cold: dict[str, list[float]] = {"ours": [], "ours-no-reuse": [], "bare": []}
         for _ in range(args.cold_runs):
             for mode in cold:
-                cold[mode].append(run_child(mode, args.model)["ttft_ms"])
+                cold[mode].append(run_child(__file__, mode, args.model)["ttft_ms"])
 
         flash_attn = {"plan": None, "on": True, "off": False}[args.flash_attn]
         backend = LlamaCppBackend(args.model, flash_attn=flash_attn)
