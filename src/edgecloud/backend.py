@@ -86,6 +86,9 @@ class Backend(ABC):
         """Async twin of :meth:`complete`."""
         return collect_chunks([chunk async for chunk in self.astream(request)])
 
+    def load(self) -> None:
+        """Do the expensive set-up now (fetch, load, warm) instead of on the first request."""
+
     def close(self) -> None:
         """Release the runtime's resources. Safe to call twice."""
 

@@ -17,6 +17,7 @@ from rich.console import Console
 
 from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
 from ..errors import EdgeCloudError
+from ..store import resolve_model
 from ..types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, Usage
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
@@ -105,11 +106,14 @@ def chat_command(
     client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device)
     try:
         # Load (and pull on first use, with a progress bar) before the first prompt.
+        # Pull (with its progress bar) and verify before the spinner: rich shows one live
+        # display at a time.
+        resolve_model(model, pull=True)
         if prompt is None:
             with err.status(f"loading {model}…", spinner="dots"):
-                client.edge  # noqa: B018 - property loads the model
+                client.edge.load()
         else:
-            client.edge  # noqa: B018
+            client.edge.load()
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
