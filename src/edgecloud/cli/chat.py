@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import typer
 from rich.console import Console
@@ -31,13 +31,14 @@ class TurnStats:
 
     ttft_s: float | None = None
     total_s: float = 0.0
-    usage: Usage = field(default_factory=Usage)
+    usage: Usage | None = None
+    chars: int = 0
     finish_reason: str | None = None
     route: RouteInfo | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
-        if self.ttft_s is None or self.usage.completion_tokens < 2:
+        if self.ttft_s is None or self.usage is None or self.usage.completion_tokens < 2:
             return None
         decode_time = self.total_s - self.ttft_s
         return (self.usage.completion_tokens - 1) / decode_time if decode_time > 0 else None
@@ -48,6 +49,8 @@ class TurnStats:
         speed = f"{tps:.1f} tok/s" if tps is not None else "-"
         u = self.usage
         where = f"{self.route.target}/{self.route.backend}" if self.route else "-"
+        if u is None:  # stopped before the final chunk: no token counts
+            return f"{where} · TTFT {ttft} · {self.chars} characters before it stopped · finish {self.finish_reason}"
         return (
             f"{where} · TTFT {ttft} · {speed} · {u.completion_tokens} tokens out · "
             f"{u.prompt_tokens} prompt ({u.cached_tokens} cached) · finish {self.finish_reason}"
@@ -81,6 +84,7 @@ def _take(
         if stats.ttft_s is None:
             stats.ttft_s = time.perf_counter() - start
         parts.append(text)
+        stats.chars += len(text)
         write(text)
     if chunk.usage is not None:
         stats.usage = chunk.usage
@@ -180,7 +184,7 @@ def _repl(
             out.print("[dim]conversation cleared[/dim]")
             continue
         if text == "/stats":
-            out.print(f"[dim]{last.line() if last else 'no answer yet'}[/dim]")
+            out.print(f"[dim]{last.line() if last else 'no answer yet'}[/dim]", soft_wrap=True)
             continue
         if text in ("/help", "/?"):
             out.print(f"[dim]{_HELP}[/dim]")
