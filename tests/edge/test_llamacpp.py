@@ -147,6 +147,14 @@ def test_same_seed_same_sample(backend: LlamaCppBackend) -> None:
     assert len(set(texts)) > 1
 
 
+def test_frequency_penalty_reduces_repetition(backend: LlamaCppBackend) -> None:
+    prompt = "Write the word 'cat' forty times, separated by spaces."
+    plain = backend.complete(ask(prompt, temperature=0, max_tokens=40)).text
+    penalised = backend.complete(ask(prompt, temperature=0, max_tokens=40, frequency_penalty=2.0)).text
+    assert penalised != plain
+    assert penalised.lower().count("cat") < plain.lower().count("cat")
+
+
 def test_logprobs_one_per_token_sorted_alternatives(backend: LlamaCppBackend) -> None:
     completion = backend.complete(ask(QUESTIONS[0], temperature=0, max_tokens=16, logprobs=True, top_logprobs=3))
     content = completion.choices[0].logprobs.content
