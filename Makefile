@@ -10,6 +10,9 @@ BIN    := $(VENV)/bin
 PROMPT ?= Write a Python function that reverses a string.
 TEST_MODELS := smollm2-135m-instruct-q4 qwen2.5-coder-0.5b-instruct-q4
 PYTEST_ARGS ?=
+# torch is installed before the package so pip does not resolve `torch>=2.4` to a multi-GB
+# CUDA build; 2.13.0 is the CPU build on this project's machines. Elsewhere: make test TORCH=torch
+TORCH  ?= torch==2.13.0
 
 .PHONY: chat test install install-dev models bench clean
 
@@ -22,6 +25,7 @@ $(VENV)/.edge-installed: pyproject.toml | $(BIN)/python
 	touch $@
 
 $(VENV)/.dev-installed: pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --quiet '$(TORCH)'
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	touch $@
 

@@ -25,7 +25,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ModelIntegrityError
 
-__all__ = ["ModelSpec", "read_gguf_spec", "GGML_TYPE_SIZES"]
+__all__ = ["ModelSpec", "GGUFHeader", "read_gguf_spec", "read_gguf_header", "GGML_TYPE_SIZES", "GGUFHeaderReader"]
 
 _MAGIC = b"GGUF"
 _DEFAULT_ALIGNMENT = 32
@@ -141,7 +141,7 @@ class ModelSpec:
             raise ModelIntegrityError(f"catalogue spec for {d.get('name')!r} is incomplete: {exc}") from exc
 
 
-class _Header:
+class GGUFHeaderReader:
     """Sequential reader over the GGUF header; every short read is a ModelIntegrityError.
 
     The header is read into one buffer (16 MiB first, doubled on demand) because per-item
@@ -274,8 +274,30 @@ def _as_int(value: Any) -> int:
     return int(value)
 
 
-def read_gguf_spec(path: str | os.PathLike[str]) -> ModelSpec:
-    """Read a GGUF file's architecture and weight sizes; bad or truncated files raise ModelIntegrityError."""
+@dataclass(frozen=True)
+class GGUFHeader:
+    """Everything in a GGUF file before the tensor data."""
+
+    path: Path
+    file_bytes: int
+    metadata: dict[str, Any]
+    #: (name, dims, ggml type, offset from the data start) per tensor, in file order.
+    tensors: list[tuple[str, tuple[int, ...], int, int]]
+    header_end: int
+
+    @property
+    def data_start(self) -> int:
+        """File offset of the tensor data (the header end rounded up to the alignment)."""
+        alignment = int(self.metadata.get("general.alignment", _DEFAULT_ALIGNMENT)) or _DEFAULT_ALIGNMENT
+        return (self.header_end + alignment - 1) // alignment * alignment
+
+
+def read_gguf_header(path: str | os.PathLike[str]) -> GGUFHeader:
+    """Parse a GGUF header (metadata + tensor table) without touching tensor data.
+
+    Missing file: ModelNotFoundError. Not GGUF, unknown version, or a short/corrupt header:
+    ModelIntegrityError.
+    """
     path = Path(path)
     try:
         file_bytes = path.stat().st_size
@@ -289,7 +311,7 @@ def read_gguf_spec(path: str | os.PathLike[str]) -> ModelSpec:
         if head != _MAGIC:
             raise ModelIntegrityError(f"{path} is not a GGUF file (it does not start with b'GGUF')")
         fh.seek(0)
-        hdr = _Header(fh, path, file_bytes)
+        hdr = GGUFHeaderReader(fh, path, file_bytes)
         hdr.scalar("<4s")  # re-read the magic so offsets are file offsets
         version = hdr.scalar("<I")
         if version not in (2, 3):
@@ -313,7 +335,13 @@ def read_gguf_spec(path: str | os.PathLike[str]) -> ModelSpec:
             offset = hdr.scalar("<Q")
             tensors.append((name, dims, ggml_type, offset))
         header_end = hdr.offset
-    return _spec_from_metadata(path, file_bytes, meta, tensors, header_end)
+    return GGUFHeader(path, file_bytes, meta, tensors, header_end)
+
+
+def read_gguf_spec(path: str | os.PathLike[str]) -> ModelSpec:
+    """Read a GGUF file's architecture and weight sizes; bad or truncated files raise ModelIntegrityError."""
+    h = read_gguf_header(path)
+    return _spec_from_metadata(h.path, h.file_bytes, h.metadata, h.tensors, h.header_end)
 
 
 def _spec_from_metadata(

@@ -1,0 +1,26 @@
+"""The torch inference engine: llama/qwen2 model code, GGUF weights, llama.cpp-identical tokenizer.
+
+``Transformer.from_gguf(path, dtype=...)`` loads a model; ``Tokenizer(path)`` its tokenizer
+and chat template; ``generate`` / ``prefill`` / ``decode_one_token`` run it against an
+explicit per-sequence ``KVCache``. Needs torch (``pip install 'edgecloud[cloud]'``).
+"""
+
+from __future__ import annotations
+
+from .generate import Tokenizer, decode_one_token, generate, prefill, sample
+from .model import KVCache, ModelArgs, Transformer, param_bytes
+from .weights import GGUFFile, load_state_dict
+
+__all__ = [
+    "GGUFFile",
+    "KVCache",
+    "ModelArgs",
+    "Tokenizer",
+    "Transformer",
+    "decode_one_token",
+    "generate",
+    "load_state_dict",
+    "param_bytes",
+    "prefill",
+    "sample",
+]
