@@ -30,12 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...errors import BackendUnavailableError, ContextOverflowError, ModelIntegrityError
+from ...errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError, ModelIntegrityError
 
-__all__ = ["ROPE_STYLES", "KVCache", "ModelArgs", "Transformer", "apply_rope", "param_bytes"]
+__all__ = ["PRECISIONS", "ROPE_STYLES", "KVCache", "ModelArgs", "Transformer", "apply_rope", "param_bytes"]
 
 #: llama.cpp's rope type per GGUF architecture (``llama_model_rope_type`` in llama-model.cpp).
 ROPE_STYLES: dict[str, str] = {"llama": "normal", "qwen2": "neox"}
+#: ``from_gguf(precision=...)`` -> load dtype (``None``: keep ``dtype``; fp8 converts the block linears after loading).
+PRECISIONS: dict[str, torch.dtype | None] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": None}
 
 
 @dataclass
@@ -325,10 +327,23 @@ class Transformer(nn.Module):
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         progress: bool = False,
+        precision: str | None = None,
     ) -> Transformer:
-        """Load a llama/qwen2 GGUF file, dequantized to ``dtype`` (float32 or bfloat16)."""
+        """Load a llama/qwen2 GGUF file, dequantized to ``dtype`` (float32 or bfloat16).
+
+        ``precision`` (one of :data:`PRECISIONS`) overrides ``dtype``: ``"fp32"`` and ``"bf16"``
+        load in that dtype; ``"fp8"`` loads in ``dtype`` (the activation dtype) and converts the
+        block linears to E4M3 weights (:func:`edgecloud.quant.convert_to_fp8`), keeping
+        embeddings and the lm_head in ``dtype``.
+        """
         from .weights import GGUFFile, load_state_dict
 
+        if precision is not None:
+            if precision not in PRECISIONS:
+                raise InvalidRequestError(
+                    f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}", param="precision"
+                )
+            dtype = PRECISIONS[precision] or dtype
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
         start = time.perf_counter()
@@ -345,6 +360,10 @@ class Transformer(nn.Module):
         except RuntimeError as exc:
             raise ModelIntegrityError(f"{path}: tensors do not match a {args.arch} model: {exc}") from exc
         model.inv_freq = model._inv_freq(freq_factors).to(device)
+        if precision == "fp8":
+            from ...quant import convert_to_fp8
+
+            convert_to_fp8(model)
         model.load_seconds = time.perf_counter() - start
         return model.eval()
 
