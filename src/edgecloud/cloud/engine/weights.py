@@ -1,17 +1,17 @@
 """Reading a GGUF file's tensors as torch tensors.
 
 This module owns :class:`GGUFFile` (the metadata, the tensor table and a read-only memory
-map of the data) and :func:`load_state_dict`, which dequantizes every tensor with the
-``gguf`` package (``gguf.quants.dequantize``: Q4_0/Q4_1/Q5_0/Q8_0/K-quants/... to float32)
-and hands torch tensors keyed by their llama.cpp names (``token_embd.weight``,
-``blk.N.attn_q.weight``, ``output_norm.weight``, ...). The model in :mod:`.model` names its
-modules after those same names, so there is no name-mapping table to keep in sync.
+map of the data) and :func:`load_state_dict`, which dequantizes every tensor to float32 with
+:func:`.dequant.dequantize` (torch decoders for Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K,
+``gguf.quants`` for any other type) and hands torch tensors keyed by their llama.cpp names
+(``token_embd.weight``, ``blk.N.attn_q.weight``, ``output_norm.weight``, ...). The model in
+:mod:`.model` names its modules after those same names, so there is no name-mapping table
+to keep in sync.
 
 Why not ``gguf.GGUFReader``: it builds a numpy view for every metadata item, and the
 tokenizer alone holds ~300k strings, so merely opening a file takes 5 s (SmolLM2) to 15-18 s
 (Qwen2.5) on this machine. The header is parsed instead with the buffered reader of
-:mod:`edgecloud.edge.gguf_info` (tens of milliseconds); the data is still decoded by
-``gguf.quants`` only.
+:mod:`edgecloud.edge.gguf_info` (tens of milliseconds).
 
 Tensor layout: GGUF lists dims innermost first (``ne0`` = row length), so a ``[ne0, ne1]``
 tensor is a numpy/torch ``[ne1, ne0]`` matrix, which for a linear layer is
@@ -31,8 +31,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...edge.gguf_info import GGML_TYPE_SIZES, read_gguf_header  # the fast header reader, shared
+from ...edge.gguf_info import (  # the fast header reader, shared
+    GGML_TYPE_SIZES,
+    read_gguf_header,
+)
 from ...errors import ModelIntegrityError
+from .dequant import dequantize
 
 __all__ = ["GGUFFile", "TensorInfo", "load_state_dict"]
 
@@ -109,21 +113,14 @@ class GGUFFile:
 
     def dequantize(self, name: str) -> np.ndarray:
         """The tensor as a float32 array in torch order (a fresh array, never the mapped file)."""
-        import gguf.quants
-        from gguf import GGMLQuantizationType
-
         info = self.tensors[name]
         try:
-            qtype = GGMLQuantizationType(info.ggml_type)
-            values = gguf.quants.dequantize(self.raw(name), qtype)
+            values = dequantize(self.raw(name), info.ggml_type, info.shape)
         except (NotImplementedError, ValueError) as exc:
             raise ModelIntegrityError(
                 f"{self.path}: cannot dequantize tensor {name!r} of type {info.type_name}: {exc}"
             ) from exc
-        values = np.asarray(values, dtype=np.float32).reshape(info.shape)
-        if not values.flags.writeable:
-            values = values.copy()  # F32/F16 tensors come back as views of the read-only map
-        return values
+        return values.numpy()
 
     def iter_tensors(self, names: list[str] | None = None) -> Iterator[tuple[str, np.ndarray]]:
         """``(name, float32 array)`` for each tensor (all, in file order, by default)."""
