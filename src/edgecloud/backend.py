@@ -9,14 +9,17 @@ are class attributes so routers and fallbacks can ask without trying.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, ClassVar, Literal
 
+from .errors import BackendError, BackendUnavailableError
+
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
-__all__ = ["Backend"]
+__all__ = ["Backend", "SerialBackend"]
 
 _DONE = object()
 
@@ -106,3 +109,57 @@ class Backend(ABC):
 
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
+
+
+class SerialBackend(Backend):
+    """A Backend whose runtime serves one request at a time (a llama.cpp context, one torch
+    model without a scheduler).
+
+    Subclasses wrap every use of the runtime in ``with self._serving():`` and free it in
+    :meth:`_free`. A second caller waits for the first stream to finish or be closed; a second
+    stream opened in the same thread raises BackendError instead of deadlocking; ``close()``
+    from the thread that holds an open stream frees the runtime when that stream ends.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: int | None = None
+        self._closed = False
+
+    def close(self) -> None:
+        """Free the runtime. Safe to call twice; from another thread it waits for an open stream."""
+        self._closed = True
+        self._on_close()
+        if self._owner == threading.get_ident():
+            return  # freed when this thread's stream ends
+        with self._lock:
+            self._free()
+        self._after_close()
+
+    @contextlib.contextmanager
+    def _serving(self) -> Iterator[None]:
+        me = threading.get_ident()
+        if self._owner == me:
+            raise BackendError(
+                "this backend is already streaming an answer in this thread; "
+                "finish or close that stream before starting another"
+            )
+        with self._lock:
+            self._owner = me
+            try:
+                if self._closed:
+                    raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one")
+                yield
+            finally:
+                self._owner = None
+                if self._closed:
+                    self._free()
+
+    def _free(self) -> None:
+        """Release the runtime (called with the lock held)."""
+
+    def _on_close(self) -> None:
+        """Hook run first in :meth:`close` (e.g. wake background workers)."""
+
+    def _after_close(self) -> None:
+        """Hook run last in :meth:`close`, without the lock (e.g. join background workers)."""

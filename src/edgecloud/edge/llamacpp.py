@@ -31,7 +31,6 @@ are not thread-safe); a second caller waits for the first stream to finish or be
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import os
 import threading
@@ -43,7 +42,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..backend import Backend
+from ..backend import SerialBackend
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -154,7 +153,7 @@ def _ggml_type(value: Any) -> int:
     return int(value)
 
 
-class LlamaCppBackend(Backend):
+class LlamaCppBackend(SerialBackend):
     """A GGUF model served on this device by llama.cpp, with prefix KV reuse.
 
     ``model`` is a catalogue name (pulled and verified by :func:`edgecloud.store.resolve_model`)
@@ -204,14 +203,12 @@ class LlamaCppBackend(Backend):
         self._kv_cache_type = kv_cache_type.lower() if kv_cache_type else None
         self._flash_attn = flash_attn
         self._cache = PrefixCache(prefix_cache_bytes) if reuse_prefix and prefix_cache_bytes > 0 else None
-        self._lock = threading.Lock()
-        self._owner: int | None = None
+        super().__init__()
         #: Requests started so far; a prefetch job is stale once this moves on.
         self._started = 0
         self._prefetch_job: tuple[int, list[dict[str, str]]] | None = None
         self._prefetch_wake = threading.Condition()
         self._prefetch_thread: threading.Thread | None = None
-        self._closed = False
         self._llm: Any = None
         self._lib: Any = None
         self._template: ChatTemplate | None = None
@@ -229,20 +226,12 @@ class LlamaCppBackend(Backend):
         with self._serving():
             self._ensure_loaded()
 
-    def close(self) -> None:
-        """Free the llama.cpp model and context. Safe to call twice.
-
-        Called from the thread that holds an open stream, the resources are freed when that
-        stream ends; from another thread it waits for the stream to finish.
-        """
-        self._closed = True
+    def _on_close(self) -> None:
         with self._prefetch_wake:
             self._prefetch_job = None
             self._prefetch_wake.notify_all()
-        if self._owner == threading.get_ident():
-            return
-        with self._lock:
-            self._free()
+
+    def _after_close(self) -> None:
         worker = self._prefetch_thread
         if worker is not None and worker is not threading.current_thread():
             worker.join()
@@ -277,25 +266,6 @@ class LlamaCppBackend(Backend):
         with self._serving():
             self._ensure_loaded()
             return self._encode_chat(messages)
-
-    @contextlib.contextmanager
-    def _serving(self) -> Iterator[None]:
-        me = threading.get_ident()
-        if self._owner == me:
-            raise BackendError(
-                "this backend is already streaming an answer in this thread; "
-                "finish or close that stream before starting another"
-            )
-        with self._lock:
-            self._owner = me
-            try:
-                if self._closed:
-                    raise BackendUnavailableError("the llama.cpp backend is closed; create a new one")
-                yield
-            finally:
-                self._owner = None
-                if self._closed:
-                    self._free()
 
     def _free(self) -> None:
         if self._cache is not None:

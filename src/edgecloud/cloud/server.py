@@ -1,0 +1,287 @@
+"""The OpenAI-compatible HTTP server: any :class:`~edgecloud.backend.Backend` behind ``/v1``.
+
+This module owns :func:`create_app` (the FastAPI application) and :func:`serve` (uvicorn).
+
+Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events when ``stream`` is true:
+``data: {chunk}`` lines ending with ``data: [DONE]``; with ``stream_options.include_usage``
+a last chunk with no choices carries the usage), ``GET /v1/models``, ``GET /health``.
+
+Errors always have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with
+the status of the :mod:`edgecloud.errors` class. The body is parsed here, not by FastAPI, so
+bad input is a 400 naming the field (never a 422, never a 500):
+
+====================================  ======  =============================
+what                                   status  ``code``
+====================================  ======  =============================
+malformed JSON, bad or unknown fields  400     ``None`` (``param`` names it)
+prompt (+ max_tokens) beyond context   400     ``context_length_exceeded``
+missing or wrong bearer key            401     ``invalid_api_key``
+unknown ``model``                      404     ``model_not_found``
+body over ``max_body_bytes``           413     ``request_too_large``
+backend failed                         503     ``None``
+====================================  ======  =============================
+
+A prompt that does not fit is a 400 (as OpenAI answers), not a 413: the body was accepted,
+its content is what the caller must change, and OpenAI clients map 400 to
+``BadRequestError`` with ``code == "context_length_exceeded"``.
+
+Generation runs on a worker thread (:meth:`Backend.astream`), so the event loop keeps
+serving; when a streaming client disconnects, the backend stream is closed and generation
+stops at its next token.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Send
+
+from ..backend import Backend
+from ..errors import (
+    ContextOverflowError,
+    EdgeCloudError,
+    InvalidRequestError,
+    ModelNotFoundError,
+)
+from ..types import ChatCompletionChunk, ChatRequest, now
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
+
+logger = logging.getLogger("edgecloud.server")
+
+#: Largest request body accepted (413 beyond): far above any prompt that fits a context.
+DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+class _BodyTooLarge(EdgeCloudError):
+    status_code = 413
+    error_type = "invalid_request_error"
+
+
+class _Unauthorized(EdgeCloudError):
+    status_code = 401
+    error_type = "invalid_request_error"
+
+
+def _error_code(exc: BaseException) -> str | None:
+    if isinstance(exc, ContextOverflowError):
+        return "context_length_exceeded"
+    if isinstance(exc, _Unauthorized):
+        return "invalid_api_key"
+    if isinstance(exc, ModelNotFoundError):
+        return "model_not_found"
+    if isinstance(exc, _BodyTooLarge):
+        return "request_too_large"
+    return None
+
+
+def _error_body(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, EdgeCloudError):
+        error_type, message = exc.error_type, str(exc)
+    else:
+        error_type, message = "server_error", "the server failed while answering; see its log"
+    return {
+        "error": {
+            "message": message,
+            "type": error_type,
+            "param": getattr(exc, "param", None),
+            "code": _error_code(exc),
+        }
+    }
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """The OpenAI-shaped JSON answer for ``exc`` (500 only for errors no caller caused)."""
+    status = exc.status_code if isinstance(exc, EdgeCloudError) else 500
+    if status >= 500:
+        logger.error("request failed: %s", exc, exc_info=exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(_error_body(exc), status_code=status, headers=headers)
+
+
+class _EventStream(StreamingResponse):
+    """SSE response that always closes its chunk iterator, so a disconnect stops generation."""
+
+    async def stream_response(self, send: Send) -> None:
+        try:
+            await super().stream_response(send)
+        finally:
+            aclose = getattr(self.body_iterator, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+
+def _sse(payload: str) -> bytes:
+    return f"data: {payload}\n\n".encode()
+
+
+async def _read_json(request: Request, max_body_bytes: int) -> Any:
+    """The request body as JSON; 413 when too large, 400 when not JSON."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > max_body_bytes:
+        raise _BodyTooLarge(f"request body is {declared} bytes; the limit is {max_body_bytes} bytes")
+    body = bytearray()
+    async for part in request.stream():
+        body += part
+        if len(body) > max_body_bytes:
+            raise _BodyTooLarge(f"request body exceeds the limit of {max_body_bytes} bytes")
+    try:
+        return json.loads(bytes(body))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+
+
+def create_app(
+    backend: Backend,
+    *,
+    model_name: str,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """An OpenAI-compatible app serving ``backend`` under the name ``model_name``.
+
+    With ``api_key`` set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``
+    (compared in constant time); ``/health`` stays open for load balancers. The app does not
+    own ``backend``: load it before serving and close it afterwards (:func:`serve` does both).
+    """
+    app = FastAPI(title="edgecloud", docs_url=None, redoc_url=None, openapi_url=None)
+    created = now()
+    expected_key = api_key.encode() if api_key else None
+
+    def check_key(request: Request) -> None:
+        if expected_key is None:
+            return
+        scheme, _, given = request.headers.get("authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not given:
+            raise _Unauthorized("missing API key; send the header 'Authorization: Bearer <key>'")
+        if not hmac.compare_digest(given.strip().encode(), expected_key):
+            raise _Unauthorized("incorrect API key provided")
+
+    def check_model(chat: ChatRequest) -> None:
+        if chat.model is not None and chat.model != model_name:
+            error = ModelNotFoundError(f"the model {chat.model!r} does not exist here; this server serves {model_name!r}")
+            error.param = "model"  # type: ignore[attr-defined]
+            raise error
+
+    @app.exception_handler(EdgeCloudError)
+    async def _edgecloud_error(request: Request, exc: EdgeCloudError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+        body = {"error": {"message": str(exc.detail), "type": error_type, "param": None, "code": None}}
+        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(InvalidRequestError(f"invalid request: {exc.errors()}"))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok", "model": model_name}
+
+    @app.get("/v1/models")
+    async def list_models(request: Request) -> dict[str, Any]:
+        check_key(request)
+        card = {"id": model_name, "object": "model", "created": created, "owned_by": "edgecloud"}
+        return {"object": "list", "data": [card]}
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        try:
+            check_key(request)
+            chat = ChatRequest.parse(await _read_json(request, max_body_bytes))
+            check_model(chat)
+            if not chat.stream:
+                completion = await backend.acomplete(chat)
+                completion.model = model_name
+                return Response(completion.model_dump_json(), media_type="application/json")
+            return await _start_stream(chat)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+            return error_response(exc)
+
+    async def _start_stream(chat: ChatRequest) -> Response:
+        chunks = backend.astream(chat)
+        try:
+            # Pull the first chunk before answering 200, so errors raised before generation
+            # (context overflow, unsupported option, backend down) keep their status code.
+            first = await chunks.__anext__()
+        except StopAsyncIteration:
+            first = None
+        except BaseException:
+            await chunks.aclose()
+            raise
+        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        return _EventStream(
+            _event_stream(chunks, first, include_usage), media_type="text/event-stream", headers=_SSE_HEADERS
+        )
+
+    async def _event_stream(
+        chunks: AsyncIterator[ChatCompletionChunk], first: ChatCompletionChunk | None, include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        usage = None
+        last: ChatCompletionChunk | None = None
+        try:
+            pending = [first] if first is not None else []
+            while True:
+                if pending:
+                    chunk = pending.pop()
+                else:
+                    try:
+                        chunk = await chunks.__anext__()
+                    except StopAsyncIteration:
+                        break
+                last = chunk
+                usage = chunk.usage or usage
+                if chunk.choices:
+                    out = chunk.model_copy(update={"model": model_name, "usage": None})
+                    yield _sse(out.model_dump_json())
+            if include_usage and last is not None and usage is not None:
+                tail = last.model_copy(update={"model": model_name, "choices": [], "usage": usage, "route": None})
+                yield _sse(tail.model_dump_json())
+            yield _sse("[DONE]")
+        except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
+            yield _sse(json.dumps(_error_body(exc)))
+            if not isinstance(exc, EdgeCloudError):
+                logger.error("stream failed: %s", exc, exc_info=exc)
+        finally:
+            aclose = getattr(chunks, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    return app
+
+
+def serve(
+    backend: Backend,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    model_name: str | None = None,
+    api_key: str | None = None,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    log_level: str = "info",
+) -> None:
+    """Load ``backend``, serve it with uvicorn until interrupted, then close it.
+
+    ``model_name`` defaults to the backend's ``model_name`` attribute (or its registry name).
+    """
+    import uvicorn
+
+    name = model_name or str(getattr(backend, "model_name", "") or backend.name)
+    backend.load()
+    app = create_app(backend, model_name=name, api_key=api_key, max_body_bytes=max_body_bytes)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level=log_level)
+    finally:
+        backend.close()
