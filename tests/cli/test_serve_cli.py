@@ -1,0 +1,60 @@
+"""`edgecloud serve`: a real server process on loopback, called with the official openai client."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from openai import OpenAI
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.mark.parametrize("runtime", ["llamacpp", "torch"])
+def test_serve_answers_openai_clients(smollm2_path: Path, runtime: str) -> None:
+    pytest.importorskip("fastapi")
+    if runtime == "torch":
+        pytest.importorskip("torch")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgecloud", "serve", "--model", str(smollm2_path), "--runtime", runtime,
+         "--port", str(port), "--api-key", "k", "--ctx", "1024", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, proc.communicate()[1]
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        with OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="k") as client:
+            reply = client.chat.completions.create(
+                model=smollm2_path.stem, messages=[{"role": "user", "content": "Say hi."}], max_tokens=8, temperature=0
+            )
+        assert reply.choices[0].message.content
+        assert reply.usage is not None and reply.usage.completion_tokens > 0
+        bad = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json={"messages": []},
+                         headers={"Authorization": "Bearer k"})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "messages"
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=30)
+
+
+def test_unknown_runtime_is_exit_2() -> None:
+    result = subprocess.run([sys.executable, "-m", "edgecloud", "serve", "--runtime", "tpu"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2
+    assert "unknown runtime" in result.stderr
