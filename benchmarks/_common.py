@@ -3,30 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from edgecloud.store import resolve_model
+from edgecloud.store.cache import exclusive_lock
 
 #: Benchmarks that time things take this lock so two never share the cores.
 LOCK_PATH = Path("/tmp/edgecloud-bench.lock")
 DEFAULT_EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
 
 
-@contextlib.contextmanager
-def bench_lock() -> Iterator[None]:
+def bench_lock() -> contextlib.AbstractContextManager[None]:
     """Exclusive use of the CPU cores for timing (other benchmarks take the same lock)."""
-    with open(LOCK_PATH, "a+") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
+    return exclusive_lock(LOCK_PATH)
 
 
 def model_path(name_or_path: str | Path = DEFAULT_EDGE_MODEL) -> Path:

@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -18,7 +19,7 @@ from rich.console import Console
 from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
 from ..errors import EdgeCloudError
 from ..store import resolve_model
-from ..types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, Usage
+from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
@@ -58,13 +59,13 @@ class TurnStats:
 
 
 def stream_answer(
-    client: EdgeCloud, request: ChatRequest, write: Callable[[str], object]
+    client: EdgeCloud, messages: list[ChatMessage], params: dict[str, Any], write: Callable[[str], object]
 ) -> tuple[str, TurnStats]:
     """Stream one answer through ``write``; Ctrl-C stops it and keeps the text so far."""
     stats = TurnStats()
     parts: list[str] = []
     start = time.perf_counter()
-    chunks = client.chat.completions.create(**request.model_dump(exclude_none=True, exclude={"stream"}), stream=True)
+    chunks = client.chat.completions.create(messages=messages, stream=True, **params)
     try:
         for chunk in chunks:
             _take(chunk, stats, parts, write, start)
@@ -129,8 +130,8 @@ def chat_command(
             _repl(client, history, model, max_tokens, temperature, seed, err)
 
 
-def _request(history: list[ChatMessage], max_tokens: int | None, temperature: float, seed: int | None) -> ChatRequest:
-    return ChatRequest(messages=history, max_tokens=max_tokens, temperature=temperature, seed=seed, stream=True)
+def _params(max_tokens: int | None, temperature: float, seed: int | None) -> dict[str, Any]:
+    return {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
 
 
 def _one_shot(
@@ -143,8 +144,9 @@ def _one_shot(
     err: Console,
 ) -> None:
     try:
-        request = _request([*history, ChatMessage(role="user", content=prompt)], max_tokens, temperature, seed)
-        _, stats = stream_answer(client, request, lambda t: (sys.stdout.write(t), sys.stdout.flush()))
+        messages = [*history, ChatMessage(role="user", content=prompt)]
+        write = lambda t: (sys.stdout.write(t), sys.stdout.flush())  # noqa: E731
+        _, stats = stream_answer(client, messages, _params(max_tokens, temperature, seed), write)
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -193,7 +195,7 @@ def _repl(
         out.print("[bold cyan]ai›[/bold cyan] ", end="")
         try:
             answer, last = stream_answer(
-                client, _request(history, max_tokens, temperature, seed), lambda t: out.print(t, end="", markup=False)
+                client, history, _params(max_tokens, temperature, seed), lambda t: out.print(t, end="", markup=False)
             )
         except EdgeCloudError as exc:
             history.pop()

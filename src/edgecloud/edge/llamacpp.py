@@ -32,7 +32,6 @@ are not thread-safe); a second caller waits for the first stream to finish or be
 from __future__ import annotations
 
 import ctypes
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -65,6 +64,9 @@ from ..types import (
     now,
 )
 from .chat_template import ChatTemplate
+from .device import detect_device
+from .gguf_info import read_gguf_spec
+from .memory import plan as plan_memory
 from .prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
 from .text_stream import TextStream
 
@@ -74,8 +76,6 @@ DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
 #: 256 MiB holds ~21k tokens of KV for the 0.5B model at f16 (12 KiB/token), i.e. a few dozen
 #: saved conversations, at a fraction of the device memory the model itself takes.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
-#: Context size when the memory planner is not available.
-FALLBACK_N_CTX = 4096
 #: Only save the context before overwriting it when at least this many tokens would be lost;
 #: a chat's next turn drops a token or two of the last answer, which is not worth a copy.
 STASH_MIN_TOKENS = 16
@@ -124,12 +124,7 @@ class LlamaCppStats:
 
 
 def _physical_cores() -> int:
-    try:
-        from .device import detect_device
-    except ImportError:
-        import psutil
-
-        return psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    """Threads for llama.cpp: this machine's physical cores (whatever profile was planned for)."""
     return max(1, int(detect_device().cpu_threads))
 
 
@@ -303,17 +298,11 @@ class LlamaCppBackend(SerialBackend):
 
     def _plan_llama_kwargs(self, path: Path) -> dict[str, Any]:
         """Context size, batch and KV settings: the memory plan, then explicit overrides."""
-        kwargs: dict[str, Any] = {}
-        try:
-            from .memory import plan as plan_memory
-        except ImportError:
-            kwargs["n_ctx"] = self._n_ctx_request or FALLBACK_N_CTX
-        else:
-            plan = plan_memory(path, device=self.device, ctx=self._n_ctx_request, kv_cache_type=self._kv_cache_type)
-            if not plan.fits:
-                raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}")
-            kwargs.update(plan.llama_kwargs())
-            kwargs["n_ctx"] = self._n_ctx_request or plan.n_ctx
+        plan = plan_memory(path, device=self.device, ctx=self._n_ctx_request, kv_cache_type=self._kv_cache_type)
+        if not plan.fits:
+            raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}")
+        kwargs: dict[str, Any] = plan.llama_kwargs()
+        kwargs["n_ctx"] = self._n_ctx_request or plan.n_ctx
         for key in ("type_k", "type_v"):
             if kwargs.get(key) is not None:
                 kwargs[key] = _ggml_type(kwargs[key])
@@ -332,14 +321,9 @@ class LlamaCppBackend(SerialBackend):
     def _load_error(self, path: Path, exc: BaseException) -> EdgeCloudError:
         """A damaged file is the model's fault; anything else is the runtime's."""
         try:
-            from .gguf_info import read_gguf_spec
-        except ImportError:
-            read_gguf_spec = None
-        if read_gguf_spec is not None:
-            try:
-                read_gguf_spec(path)
-            except ModelIntegrityError as integrity:
-                return integrity
+            read_gguf_spec(path)
+        except ModelIntegrityError as integrity:
+            return integrity
         return BackendUnavailableError(f"llama.cpp could not load {path}: {exc}")
 
     def _warm_fixed_prefix(self) -> None:

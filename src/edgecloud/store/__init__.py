@@ -13,6 +13,7 @@ from pathlib import Path
 from ..errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from .cache import home_dir, model_file, models_dir
 from .catalogue import CatalogueEntry, catalogue, get_entry, require_entry
+from . import fetch
 from .fetch import is_pulled, pull, verify
 
 __all__ = [
@@ -101,9 +102,7 @@ def resolve_model(
     if not path.is_file():
         if not pull:
             raise ModelNotFoundError(f"model {name!r} is not pulled yet; run `edgecloud models pull {name}`")
-        return _pull(name, progress=progress)
+        return fetch.pull(name, progress=progress)
     verify(entry, path, progress=progress)
     return path
 
-
-_pull = pull

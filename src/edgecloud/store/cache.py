@@ -9,10 +9,12 @@ inode): a later load re-hashes only when that identity changed, so an edited byt
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import platformdirs
@@ -26,6 +28,7 @@ __all__ = [
     "record_verified",
     "is_recorded_verified",
     "forget_verified",
+    "exclusive_lock",
 ]
 
 _CHUNK = 8 * 1024 * 1024
@@ -89,3 +92,14 @@ def is_recorded_verified(path: Path, sha256: str) -> bool:
 
 def forget_verified(path: Path) -> None:
     _sidecar(path).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path) -> Iterator[None]:
+    """Hold an exclusive ``flock`` on ``path`` (created if missing) for the ``with`` block."""
+    with open(path, "a+") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)

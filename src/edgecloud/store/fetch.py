@@ -10,15 +10,12 @@ processes from pulling the same model at once.
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
 import hashlib
 import shutil
 import subprocess
 import sys
 import tempfile
 import zipfile
-from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
@@ -32,7 +29,7 @@ from rich.progress import (
 )
 
 from ..errors import ModelFetchError, ModelIntegrityError
-from .cache import forget_verified, is_recorded_verified, model_file, models_dir, record_verified, sha256_file
+from .cache import exclusive_lock, forget_verified, is_recorded_verified, model_file, models_dir, record_verified, sha256_file
 from .catalogue import CatalogueEntry, PackagePart, require_entry
 
 __all__ = ["pull", "verify", "is_pulled"]
@@ -51,17 +48,6 @@ def _progress(enabled: bool) -> Progress:
         disable=not enabled,
         transient=False,
     )
-
-
-@contextlib.contextmanager
-def _model_lock(name: str) -> Iterator[None]:
-    lock_path = models_dir() / f".{name}.lock"
-    with open(lock_path, "w") as fh:
-        fcntl.flock(fh, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
 
 
 def verify(entry: CatalogueEntry, path: Path, *, progress: bool = False) -> None:
@@ -102,7 +88,7 @@ def pull(name: str, *, progress: bool = True, force: bool = False) -> Path:
     """Fetch, assemble and verify a catalogue model; a no-op when the verified file is present."""
     entry = require_entry(name)
     dest = model_file(name)
-    with _model_lock(name):
+    with exclusive_lock(models_dir() / f".{name}.lock"):
         if dest.is_file() and not force:
             try:
                 verify(entry, dest, progress=progress)
