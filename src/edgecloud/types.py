@@ -77,6 +77,15 @@ def _translate(exc: ValidationError) -> InvalidRequestError:
     return InvalidRequestError(f"invalid '{param}': {msg}", param=param)
 
 
+def check_stop(stop: Any) -> Any:
+    """OpenAI's ``stop``: ``None``, a string, or a list of up to 4 non-empty strings (ValueError otherwise)."""
+    if stop is None or isinstance(stop, str):
+        return stop
+    if isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
+        return stop
+    raise ValueError("stop must be a string or a list of up to 4 non-empty strings")
+
+
 class _Validated(BaseModel):
     """Base for request models: pydantic errors become InvalidRequestError."""
 
@@ -149,7 +158,7 @@ class ChatRequest(_Validated):
     top_logprobs: int | None = Field(default=None, ge=0, le=20)
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
-    n: int | None = Field(default=None, ge=1, le=1)
+    n: int | None = None
     user: str | None = None
     # edgecloud extensions
     route: Literal["auto", "edge", "cloud"] = "auto"
@@ -162,14 +171,17 @@ class ChatRequest(_Validated):
             raise ValueError("messages must hold at least one message")
         return messages
 
+    @field_validator("n")
+    @classmethod
+    def _one_choice(cls, n: int | None) -> int | None:
+        if n is not None and n != 1:
+            raise ValueError(f"n={n} is not supported: only n=1 (one choice per request); send several requests instead")
+        return n
+
     @field_validator("stop", mode="before")
     @classmethod
     def _stop_strings(cls, stop: Any) -> Any:
-        if stop is None or isinstance(stop, str):
-            return stop
-        if isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
-            return stop
-        raise ValueError("stop must be a string or a list of up to 4 non-empty strings")
+        return check_stop(stop)
 
     @property
     def stop_sequences(self) -> list[str]:

@@ -57,4 +57,4 @@ def test_unknown_runtime_is_exit_2() -> None:
     result = subprocess.run([sys.executable, "-m", "edgecloud", "serve", "--runtime", "tpu"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "unknown runtime" in result.stderr
+    assert "unknown engine" in result.stderr

@@ -16,6 +16,7 @@ from edgecloud.cloud.engine import Tokenizer, Transformer, generate
 from edgecloud.errors import InvalidRequestError
 from edgecloud.quant import (
     FP8_MAX,
+    SCALE_SEARCH_STEPS,
     FP8Linear,
     convert_to_fp8,
     quantize_fp8_per_channel,
@@ -30,16 +31,38 @@ N_TEACHER = 32
 CHAT = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
 
 
-def test_round_trip_error_within_e4m3_precision_per_channel() -> None:
+@pytest.mark.parametrize("search_steps", [1, SCALE_SEARCH_STEPS])
+def test_round_trip_error_within_e4m3_precision_per_channel(search_steps: int) -> None:
     torch.manual_seed(0)
     # Rows with very different ranges: a per-tensor scale would flush the small rows.
     weight = torch.randn(64, 256) * torch.logspace(-4, 2, 64)[:, None]
-    w_fp8, scale = quantize_fp8_per_channel(weight)
+    w_fp8, scale = quantize_fp8_per_channel(weight, search_steps=search_steps)
     assert w_fp8.dtype == torch.float8_e4m3fn and scale.shape == (64, 1) and scale.dtype == torch.float32
-    assert torch.allclose(w_fp8.float().abs().amax(dim=1), torch.full((64,), FP8_MAX))
+    amax = w_fp8.float().abs().amax(dim=1)
+    if search_steps == 1:
+        assert torch.allclose(amax, torch.full((64,), FP8_MAX))
+    else:  # the search moves each row's scale up by less than an octave, never clipping
+        assert bool((amax <= FP8_MAX).all() and (amax >= FP8_MAX / 2).all())
     error = (w_fp8.float() * scale - weight).abs()
     bound = torch.maximum(weight.abs() * E4M3_REL, scale * E4M3_MIN_NORMAL * 2.0**-4) * (1 + 1e-5)
     assert bool((error <= bound).all())
+
+
+def test_scale_search_never_loses_to_amax_scaling_and_wins_on_k_quant_rows() -> None:
+    torch.manual_seed(3)
+    # Rows like a GGUF Q4 tensor dequantized: blocks of 32 on 16 affine levels each.
+    blocks = torch.randn(512 * 256 // 32, 32) * 0.02
+    low = blocks.amin(1, keepdim=True)
+    step = (blocks.amax(1, keepdim=True) - low) / 15
+    weight = (torch.round((blocks - low) / step) * step + low).view(512, 256)
+    row_error = {}
+    for steps in (1, SCALE_SEARCH_STEPS):
+        w_fp8, scale = quantize_fp8_per_channel(weight, search_steps=steps)
+        row_error[steps] = (w_fp8.float() * scale - weight).square().sum(dim=1)
+    assert bool((row_error[SCALE_SEARCH_STEPS] <= row_error[1] * (1 + 1e-4)).all())
+    assert float(row_error[SCALE_SEARCH_STEPS].sum()) < 0.95 * float(row_error[1].sum())
+    with pytest.raises(ValueError, match="search_steps"):
+        quantize_fp8_per_channel(weight, search_steps=0)
 
 
 def test_zero_rows_quantize_to_zeros() -> None:
@@ -98,6 +121,14 @@ def test_convert_to_fp8_skips_embeddings_and_lm_head_and_halves_bf16_bytes() -> 
     assert report.bytes_before == 4 * (64 * 64 * 2 + 64 * 2)
     assert report.bytes_after == 4 * (64 * 64 + 64 * 4 + 64 * 2)
     assert report.ratio <= 0.55
+
+
+def test_convert_to_fp8_keeps_named_layers_in_their_dtype() -> None:
+    model = _TinyLM().to(torch.bfloat16)
+    report = convert_to_fp8(model, keep=["blk.1.attn_q"])
+    assert type(model.blk[1]["attn_q"]) is nn.Linear and model.blk[1]["attn_q"].weight.dtype == torch.bfloat16
+    assert isinstance(model.blk[0]["attn_q"], FP8Linear) and isinstance(model.blk[1]["attn_output"], FP8Linear)
+    assert sorted(report.skipped) == ["blk.1.attn_q", "output"] and len(report.converted) == 3
 
 
 def test_unknown_precision_names_the_allowed_values(smollm2_path: Path) -> None:

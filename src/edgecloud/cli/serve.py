@@ -1,7 +1,9 @@
-"""``edgecloud serve``: the OpenAI-compatible endpoint on this machine.
+"""``edgecloud serve``: the OpenAI-compatible endpoint on this machine, or vLLM for scale-out.
 
-Serves a model through the torch engine (fp32 / bf16 / fp8 weights) or through llama.cpp
-(INT4 GGUF as is), behind :func:`edgecloud.cloud.server.serve`.
+Engines: ``torch`` (default; our engine with continuous batching, a prefix cache and
+fp32 / bf16 / fp8 weights), ``llamacpp`` (the INT4 GGUF as is, one request at a time) and
+``vllm`` (builds and runs the equivalent ``vllm serve`` command, see
+:mod:`edgecloud.cloud.vllm`).
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ import typer
 
 from ..errors import EdgeCloudError
 
-RUNTIMES = ("torch", "llamacpp")
+ENGINES = ("torch", "llamacpp", "vllm")
+QUANTS = ("auto", "fp32", "bf16", "fp8")
 DEFAULT_CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct-q4"
 
 
@@ -30,37 +33,61 @@ def pick_device_and_precision(precision: str) -> tuple[str, str]:
     return device, ("bf16" if device == "cuda" else "fp32")
 
 
+def _fail(message: str) -> typer.Exit:
+    typer.echo(f"edgecloud: error: {message}", err=True)
+    return typer.Exit(2)
+
+
 def serve_command(
     model: str = typer.Option(DEFAULT_CLOUD_MODEL, "--model", "-m", help="Catalogue name or .gguf path."),
-    runtime: str = typer.Option("torch", "--runtime", help="torch (fp32/bf16/fp8 weights) or llamacpp (INT4 as is)."),
-    precision: str = typer.Option(
-        "auto", "--precision", help="torch runtime: fp32, bf16, fp8, or auto (fp8 on CUDA sm89+, bf16 on CUDA, fp32 on CPU)."
+    engine: str = typer.Option(
+        "torch", "--engine", "--runtime", help="torch (batched, fp32/bf16/fp8), llamacpp (INT4 as is) or vllm."
+    ),
+    quant: str = typer.Option(
+        "auto", "--quant", "--precision", help="fp32, bf16, fp8, or auto (fp8 on CUDA sm89+, bf16 on CUDA, fp32 on CPU)."
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     api_key: str | None = typer.Option(
         None, "--api-key", help="Require this bearer key on /v1 (default: $EDGECLOUD_API_KEY, else none)."
     ),
-    ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the runtime's choice)."),
+    max_batch: int = typer.Option(8, "--max-batch", min=1, help="Sequences decoded together (torch, vllm)."),
+    max_queue: int = typer.Option(64, "--max-queue", min=0, help="Requests waiting for a slot before 429 (torch)."),
+    ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the engine's choice)."),
+    tensor_parallel_size: int | None = typer.Option(
+        None, "--tensor-parallel-size", help="vllm: GPUs to split the model over (default: all visible)."
+    ),
+    dry_run: bool = typer.Option(False, "--dry-run", help="vllm: print the vllm serve command instead of running it."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
-    """Serve a model over the OpenAI API (/v1/chat/completions, /v1/models, /health)."""
-    from ..cloud.server import serve
-
-    if runtime not in RUNTIMES:
-        typer.echo(f"edgecloud: error: unknown runtime {runtime!r}; use one of {', '.join(RUNTIMES)}", err=True)
-        raise typer.Exit(2)
+    """Serve a model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
+    if engine not in ENGINES:
+        raise _fail(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    if quant not in QUANTS:
+        raise _fail(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
+    key = api_key or os.environ.get("EDGECLOUD_API_KEY")
     try:
-        if runtime == "torch":
+        if engine == "vllm":
+            from ..cloud.vllm import VLLMSettings, launch_vllm
+
+            settings = VLLMSettings(
+                model=model, host=host, port=port, api_key=key, quant=quant,  # type: ignore[arg-type]
+                max_batch=max_batch, ctx=ctx, tensor_parallel_size=tensor_parallel_size,
+            )
+            raise typer.Exit(launch_vllm(settings, dry_run=dry_run))
+        from ..cloud.server import serve
+
+        if engine == "torch":
             from ..cloud.engine_backend import TorchEngineBackend
 
-            device, chosen = pick_device_and_precision(precision)
-            backend = TorchEngineBackend(model, precision=chosen, n_ctx=ctx, device=device)
+            device, chosen = pick_device_and_precision(quant)
+            backend = TorchEngineBackend(
+                model, precision=chosen, n_ctx=ctx, device=device, max_batch=max_batch, max_queue=max_queue
+            )
         else:
             from ..edge.llamacpp import LlamaCppBackend
 
             backend = LlamaCppBackend(model, n_ctx=ctx)
-        serve(backend, host, port, api_key=api_key or os.environ.get("EDGECLOUD_API_KEY"), log_level=log_level)
+        serve(backend, host, port, api_key=key, log_level=log_level)
     except EdgeCloudError as exc:
-        typer.echo(f"edgecloud: error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        raise _fail(str(exc)) from None

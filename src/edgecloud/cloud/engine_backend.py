@@ -1,36 +1,37 @@
 """The torch engine as a :class:`~edgecloud.backend.Backend`: what ``edgecloud serve`` runs.
 
 This module owns :class:`TorchEngineBackend`. It turns a :class:`~edgecloud.types.ChatRequest`
-into OpenAI-shaped chunks with the engine of :mod:`edgecloud.cloud.engine`: the GGUF's chat
-template and llama.cpp's tokenizer (:class:`~edgecloud.cloud.engine.Tokenizer`), a fresh KV
-cache sized for the request, :func:`~edgecloud.cloud.engine.generate` for sampling
-(temperature, top-p, seed), and :class:`~edgecloud.edge.text_stream.TextStream` for
-UTF-8-safe deltas and stop strings.
+(or a :class:`~edgecloud.cloud.completions.CompletionRequest`) into OpenAI-shaped chunks:
+the GGUF's chat template and llama.cpp's tokenizer (:class:`~edgecloud.cloud.engine.Tokenizer`),
+the continuous-batching :class:`~edgecloud.cloud.scheduler.Scheduler` for generation (many
+requests share each forward pass; shared prompt prefixes are reused), and
+:class:`~edgecloud.edge.text_stream.TextStream` for UTF-8-safe deltas and stop strings.
 
-Requests run one at a time (a lock held while a stream is open); the continuous-batching
-scheduler replaces this behind the same interface. A request whose prompt plus
-``max_tokens`` does not fit the context fails with
-:class:`~edgecloud.errors.ContextOverflowError` before anything runs; options the engine
-does not implement (logprobs, presence/frequency penalties) fail with
+Requests run concurrently: ``stream`` (sync, any thread) and ``astream`` (async, no extra
+thread) both submit to the scheduler and consume its tokens. Closing either iterator
+cancels the sequence and frees its KV at the scheduler's next step. A request whose prompt
+plus ``max_tokens`` does not fit the context fails with
+:class:`~edgecloud.errors.ContextOverflowError` before anything runs; a full waiting queue
+fails with :class:`~edgecloud.errors.RateLimitedError` (HTTP 429); options the engine does
+not implement (logprobs, presence/frequency penalties) fail with
 :class:`~edgecloud.errors.InvalidRequestError` naming the field.
+
+On a CPU with float32 weights the linear layers are switched to oneDNN's prepacked matmuls
+(:func:`~edgecloud.cloud.engine.pack_linears`), which keep small decode batches cheap.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import asyncio
+import threading
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..backend import SerialBackend
+from ..backend import Backend
 from ..edge.text_stream import TextStream
-from ..errors import (
-    BackendError,
-    BackendUnavailableError,
-    ConfigError,
-    ContextOverflowError,
-    EdgeCloudError,
-    InvalidRequestError,
-)
+from ..errors import BackendUnavailableError, ConfigError, ContextOverflowError, InvalidRequestError
+from ..observability.server_metrics import ServerMetrics
 from ..types import (
     ChatCompletionChunk,
     ChatRequest,
@@ -42,25 +43,65 @@ from ..types import (
     new_completion_id,
     now,
 )
+from .completions import Completion, CompletionChoice, CompletionRequest, new_text_completion_id
+from .scheduler import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_MAX_QUEUE,
+    DEFAULT_PREFIX_CACHE_BYTES,
+    SamplingParams,
+    Scheduler,
+    Sequence,
+)
 
 __all__ = ["DEFAULT_MODEL", "DEFAULT_N_CTX", "TorchEngineBackend"]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
-#: Context served when neither ``n_ctx`` nor a smaller model limit says otherwise; every
-#: request allocates its own KV cache, so this bounds the memory one request can take.
+#: Context served when neither ``n_ctx`` nor a smaller model limit says otherwise.
 DEFAULT_N_CTX = 4096
 #: OpenAI's defaults when a request leaves them out.
 DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
 
 
-class TorchEngineBackend(SerialBackend):
-    """A GGUF model served by the torch engine (fp32, bf16 or fp8 weights).
+class _Answer:
+    """Turns one sequence's token ids into text deltas (stop strings held back) and a finish."""
+
+    def __init__(self, tokenizer: Any, stop: list[str], prompt_tokens: int, max_new: int) -> None:
+        self.tokenizer = tokenizer
+        self.text = TextStream(stop)
+        self.prompt_tokens = prompt_tokens
+        self.max_new = max_new
+        self.generated = 0
+
+    def push(self, token: int) -> str:
+        self.generated += 1
+        return self.text.push(self.tokenizer.token_to_piece(token, special=False))
+
+    @property
+    def stopped(self) -> bool:
+        return self.text.stopped
+
+    def finish(self, seq: Sequence) -> tuple[str, FinishReason, Usage]:
+        """The held-back tail, the finish reason and the usage."""
+        reason: FinishReason = "length" if seq.finish_reason == "length" and not self.stopped else "stop"
+        usage = Usage(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.generated,
+            total_tokens=self.prompt_tokens + self.generated,
+            cached_tokens=seq.cached_tokens,
+        )
+        return self.text.flush(), reason, usage
+
+
+class TorchEngineBackend(Backend):
+    """A GGUF model served by the torch engine (fp32, bf16 or fp8 weights), many requests at once.
 
     ``model`` is a catalogue name (pulled and verified by :func:`edgecloud.store.resolve_model`)
     or a local ``.gguf`` path; ``precision`` is passed to ``Transformer.from_gguf``;
     ``n_ctx`` caps prompt + answer (default: the model's context, at most
-    :data:`DEFAULT_N_CTX`). Loading is lazy: :meth:`load` or the first request does it.
+    :data:`DEFAULT_N_CTX`); ``max_batch`` sequences decode together and up to ``max_queue``
+    wait; ``pack`` switches float32 CPU layers to oneDNN's prepacked matmuls (default: when
+    possible). Loading is lazy: :meth:`load` or the first request does it.
     """
 
     name = "torch-engine"
@@ -76,6 +117,11 @@ class TorchEngineBackend(SerialBackend):
         precision: str = "fp32",
         n_ctx: int | None = None,
         device: str = "cpu",
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_queue: int = DEFAULT_MAX_QUEUE,
+        prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        pack: bool | None = None,
+        fp8_skip: tuple[str, ...] = (),
     ) -> None:
         from .engine import PRECISIONS
 
@@ -83,62 +129,99 @@ class TorchEngineBackend(SerialBackend):
             raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
         if n_ctx is not None and n_ctx < 16:
             raise ConfigError(f"n_ctx must be at least 16 tokens, got {n_ctx}")
+        if max_batch < 1:
+            raise ConfigError(f"max_batch must be at least 1, got {max_batch}")
+        if max_queue < 0:
+            raise ConfigError(f"max_queue must be >= 0, got {max_queue}")
         self.model = model
         self.model_name = Path(model).stem if isinstance(model, Path) or str(model).endswith(".gguf") else str(model)
         self.precision = precision
         self.device = device
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.prefix_cache_bytes = prefix_cache_bytes
+        self.pack = pack
+        self.fp8_skip = tuple(fp8_skip)
         self._n_ctx_request = n_ctx
         self.n_ctx = 0
         self.model_path: Path | None = None
+        #: Prometheus metrics of this engine (``GET /metrics`` renders them).
+        self.metrics = ServerMetrics(self.model_name)
+        self.packed_layers: list[str] = []
         self._transformer: Any = None
         self._tokenizer: Any = None
-        super().__init__()
+        self._scheduler: Scheduler | None = None
+        self._load_lock = threading.Lock()
+        self._closed = False
 
     # ------------------------------------------------------------------ lifecycle
 
     @property
     def loaded(self) -> bool:
         """True once the weights are in memory."""
-        return self._transformer is not None
+        return self._scheduler is not None
+
+    @property
+    def scheduler(self) -> Scheduler:
+        """The running scheduler (loads the model first if needed)."""
+        self.load()
+        assert self._scheduler is not None
+        return self._scheduler
 
     def load(self) -> None:
-        """Resolve and load the model now (otherwise the first request does it)."""
-        with self._serving():
-            self._ensure_loaded()
+        """Resolve and load the model and start the scheduler now (otherwise the first request does it)."""
+        if self._scheduler is not None:
+            return
+        with self._load_lock:
+            if self._closed:
+                raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one")
+            if self._scheduler is None:
+                self._load()
 
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens this backend evaluates for ``messages``."""
-        with self._serving():
-            self._ensure_loaded()
-            return self._tokenizer.encode_chat(messages)
+    def _load(self) -> None:
+        from ..store import resolve_model
+        from .engine import Tokenizer, Transformer, pack_linears
 
-    def _free(self) -> None:
-        tokenizer, self._tokenizer, self._transformer = self._tokenizer, None, None
+        path = resolve_model(self.model, pull=True, progress=False)
+        kwargs: dict[str, Any] = {"fp8_skip": self.fp8_skip} if self.fp8_skip else {}
+        try:
+            transformer = Transformer.from_gguf(path, precision=self.precision, device=self.device, **kwargs)
+        except (RuntimeError, OSError) as exc:
+            raise BackendUnavailableError(f"the torch engine could not load {path}: {exc}") from exc
+        if self.pack is not False and self.device == "cpu":
+            self.packed_layers = pack_linears(transformer)
+        tokenizer = Tokenizer(path)
+        limit = transformer.args.context_length
+        self.n_ctx = min(self._n_ctx_request, limit) if self._n_ctx_request else min(DEFAULT_N_CTX, limit)
+        self.model_path = path
+        self._transformer, self._tokenizer = transformer, tokenizer
+        self._scheduler = Scheduler(
+            transformer,
+            eog_ids=tokenizer.eog_ids,
+            max_batch=self.max_batch,
+            max_queue=self.max_queue,
+            prefix_cache_bytes=self.prefix_cache_bytes,
+            max_context=self.n_ctx,
+            metrics=self.metrics,
+        )
+
+    def close(self) -> None:
+        """Stop the scheduler (open streams end with BackendUnavailableError) and free the model."""
+        with self._load_lock:
+            self._closed = True
+            scheduler, self._scheduler = self._scheduler, None
+            tokenizer, self._tokenizer, self._transformer = self._tokenizer, None, None
+        if scheduler is not None:
+            scheduler.close()
         if tokenizer is not None:
             tokenizer.close()
 
-    def _ensure_loaded(self) -> None:
-        if self._transformer is not None:
-            return
-        from ..store import resolve_model
-        from .engine import Tokenizer, Transformer
+    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages``."""
+        self.load()
+        return self._tokenizer.encode_chat(messages)
 
-        path = resolve_model(self.model, pull=True, progress=False)
-        try:
-            transformer = Transformer.from_gguf(path, precision=self.precision, device=self.device)
-        except (RuntimeError, OSError) as exc:
-            raise BackendUnavailableError(f"the torch engine could not load {path}: {exc}") from exc
-        self._tokenizer = Tokenizer(path)
-        self._transformer = transformer
-        self.model_path = path
-        limit = transformer.args.context_length
-        self.n_ctx = min(self._n_ctx_request, limit) if self._n_ctx_request else min(DEFAULT_N_CTX, limit)
-
-    # ------------------------------------------------------------------ the stream
-
-    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        """Yield the answer as OpenAI-shaped chunks; closing the iterator stops generation."""
-        return self._generate(request)
+    # ------------------------------------------------------------------ requests
 
     def _check_supported(self, request: ChatRequest) -> None:
         if request.logprobs:
@@ -147,84 +230,154 @@ class TorchEngineBackend(SerialBackend):
             if getattr(request, field):
                 raise InvalidRequestError(f"{field} is not supported by the torch engine yet", param=field)
 
-    def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        self._check_supported(request)
-        with self._serving():
-            self._ensure_loaded()
-            prompt = self._tokenizer.encode_chat(request.message_dicts())
-            if len(prompt) + 1 > self.n_ctx:
-                raise ContextOverflowError(
-                    len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
-                )
-            if request.max_tokens is not None and len(prompt) + request.max_tokens > self.n_ctx:
-                raise ContextOverflowError(
-                    len(prompt), self.n_ctx, detail=f" and {request.max_tokens} max_tokens were requested"
-                )
-            max_new = request.max_tokens or self.n_ctx - len(prompt)
-            try:
-                yield from self._decode(request, prompt, max_new)
-            except (GeneratorExit, EdgeCloudError):
-                raise
-            except Exception as exc:
-                raise BackendError(f"the torch engine failed while generating: {exc}") from exc
-
-    def _decode(self, request: ChatRequest, prompt: list[int], max_new: int) -> Iterator[ChatCompletionChunk]:
-        from .engine import generate
-
-        model, tokenizer = self._transformer, self._tokenizer
-        completion_id, created = new_completion_id(), now()
-        route = RouteInfo(target="cloud", backend=self.name, reason=f"torch engine ({self.precision}, {self.device})")
-
-        def chunk(
-            delta: ChoiceDelta, finish: FinishReason | None = None, usage: Usage | None = None
-        ) -> ChatCompletionChunk:
-            return ChatCompletionChunk(
-                id=completion_id,
-                created=created,
-                model=self.model_name,
-                choices=[ChunkChoice(delta=delta, finish_reason=finish)],
-                usage=usage,
-                route=route if finish is not None else None,
+    def _params(self, request: ChatRequest | CompletionRequest, prompt: list[int]) -> SamplingParams:
+        if len(prompt) + 1 > self.n_ctx:
+            raise ContextOverflowError(len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)")
+        if request.max_tokens is not None and len(prompt) + request.max_tokens > self.n_ctx:
+            raise ContextOverflowError(
+                len(prompt), self.n_ctx, detail=f" and {request.max_tokens} max_tokens were requested"
             )
-
-        yield ChatCompletionChunk(
-            id=completion_id,
-            created=created,
-            model=self.model_name,
-            choices=[ChunkChoice(delta=ChoiceDelta(role="assistant", content=""))],
-            route=route,
-        )
-        temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-        top_p = DEFAULT_TOP_P if request.top_p is None else request.top_p
-        tokens = generate(
-            model,
-            tokenizer,
-            prompt,
-            max_new,
-            temperature=temperature,
-            top_p=top_p,
+        return SamplingParams(
+            max_new_tokens=request.max_tokens or self.n_ctx - len(prompt),
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             seed=request.seed,
-            cache=model.new_cache(len(prompt) + max_new),
         )
-        text = TextStream(request.stop_sequences)
-        generated = 0
-        finish: FinishReason = "stop"
+
+    def _submit(
+        self, request: ChatRequest | CompletionRequest, loop: asyncio.AbstractEventLoop | None
+    ) -> tuple[Sequence, _Answer]:
+        scheduler = self.scheduler
+        if isinstance(request, ChatRequest):
+            self._check_supported(request)
+            prompt = self._tokenizer.encode_chat(request.message_dicts())
+        else:
+            # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
+            prompt = self._tokenizer.encode(request.text, add_bos=True)
+        params = self._params(request, prompt)
+        seq = scheduler.submit(prompt, params, loop=loop)
+        return seq, _Answer(self._tokenizer, request.stop_sequences, len(prompt), params.max_new_tokens)
+
+    def _route(self) -> RouteInfo:
+        return RouteInfo(target="cloud", backend=self.name, reason=f"torch engine ({self.precision}, {self.device})")
+
+    # ------------------------------------------------------------------ streams
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        """Yield the answer as OpenAI-shaped chunks; closing the iterator cancels the sequence."""
+        return self._iterate(request, _ChatChunks)
+
+    async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
+        """Async twin of :meth:`stream`, fed by the scheduler without a worker thread."""
+        async for chunk in self._aiterate(request, _ChatChunks):
+            yield chunk
+
+    def stream_completion(self, request: CompletionRequest) -> Iterator[Completion]:
+        """``/v1/completions``: the prompt continued as is, as ``text_completion`` chunks."""
+        return self._iterate(request, _TextChunks)
+
+    async def astream_completion(self, request: CompletionRequest) -> AsyncIterator[Completion]:
+        """Async twin of :meth:`stream_completion`."""
+        async for chunk in self._aiterate(request, _TextChunks):
+            yield chunk
+
+    def _iterate(self, request: ChatRequest | CompletionRequest, chunks: type[_Chunks]) -> Iterator[Any]:
+        seq, answer = self._submit(request, None)
+        out = chunks(self.model_name, self._route(), answer)
         try:
-            for token in tokens:
-                generated += 1
-                delta = text.push(tokenizer.token_to_piece(token, special=False))
-                if delta:
-                    yield chunk(ChoiceDelta(content=delta))
-                if text.stopped:
+            yield from out.start()
+            for token in seq:
+                yield from out.push(token)
+                if answer.stopped:
                     break
-            else:
-                finish = "length" if generated >= max_new else "stop"
+            yield from out.finish(seq)
         finally:
-            close = getattr(tokens, "close", None)
-            if close is not None:
-                close()  # stops the engine's generator (and its KV cache) at once
-        tail = text.flush()
-        if tail:
-            yield chunk(ChoiceDelta(content=tail))
-        usage = Usage(prompt_tokens=len(prompt), completion_tokens=generated, total_tokens=len(prompt) + generated)
-        yield chunk(ChoiceDelta(), finish=finish, usage=usage)
+            seq.cancel()
+
+    async def _aiterate(self, request: ChatRequest | CompletionRequest, chunks: type[_Chunks]) -> AsyncIterator[Any]:
+        await asyncio.to_thread(self.load)
+        seq, answer = self._submit(request, asyncio.get_running_loop())
+        out = chunks(self.model_name, self._route(), answer)
+        try:
+            for chunk in out.start():
+                yield chunk
+            async for token in seq:
+                for chunk in out.push(token):
+                    yield chunk
+                if answer.stopped:
+                    break
+            for chunk in out.finish(seq):
+                yield chunk
+        finally:
+            seq.cancel()
+
+
+class _Chunks:
+    """Builds one answer's response objects from its token ids (one subclass per response shape)."""
+
+    def __init__(self, model_name: str, route: RouteInfo, answer: _Answer) -> None:
+        self.model, self.route, self.answer = model_name, route, answer
+        self.created = now()
+
+    def start(self) -> list[Any]:
+        return []
+
+    def push(self, token: int) -> list[Any]:
+        delta = self.answer.push(token)
+        return [self.delta(delta)] if delta else []
+
+    def delta(self, text: str) -> Any:
+        raise NotImplementedError
+
+    def finish(self, seq: Sequence) -> list[Any]:
+        raise NotImplementedError
+
+
+class _ChatChunks(_Chunks):
+    """``chat.completion.chunk`` objects: a role chunk, text deltas, a finish chunk with usage and route."""
+
+    def __init__(self, model_name: str, route: RouteInfo, answer: _Answer) -> None:
+        super().__init__(model_name, route, answer)
+        self.id = new_completion_id()
+
+    def _chunk(self, delta: ChoiceDelta, finish: FinishReason | None = None, **extra: Any) -> ChatCompletionChunk:
+        return ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[ChunkChoice(delta=delta, finish_reason=finish)],
+            **extra,
+        )
+
+    def start(self) -> list[Any]:
+        return [self._chunk(ChoiceDelta(role="assistant", content=""), route=self.route)]
+
+    def delta(self, text: str) -> ChatCompletionChunk:
+        return self._chunk(ChoiceDelta(content=text))
+
+    def finish(self, seq: Sequence) -> list[Any]:
+        tail, reason, usage = self.answer.finish(seq)
+        chunks: list[Any] = [self.delta(tail)] if tail else []
+        chunks.append(self._chunk(ChoiceDelta(), reason, usage=usage, route=self.route))
+        return chunks
+
+
+class _TextChunks(_Chunks):
+    """``text_completion`` objects: text pieces, then the last one with finish reason, usage and route."""
+
+    def __init__(self, model_name: str, route: RouteInfo, answer: _Answer) -> None:
+        super().__init__(model_name, route, answer)
+        self.id = new_text_completion_id()
+
+    def delta(self, text: str, finish: FinishReason | None = None, **extra: Any) -> Completion:
+        return Completion(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[CompletionChoice(text=text, finish_reason=finish)],
+            **extra,
+        )
+
+    def finish(self, seq: Sequence) -> list[Any]:
+        tail, reason, usage = self.answer.finish(seq)
+        return [self.delta(tail, reason, usage=usage, route=self.route)]

@@ -4,7 +4,13 @@ This module owns :func:`create_app` (the FastAPI application) and :func:`serve` 
 
 Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events when ``stream`` is true:
 ``data: {chunk}`` lines ending with ``data: [DONE]``; with ``stream_options.include_usage``
-a last chunk with no choices carries the usage), ``GET /v1/models``, ``GET /health``.
+a last chunk with no choices carries the usage), ``POST /v1/completions`` (raw-text prompts,
+same streaming rules; served by backends that implement ``astream_completion``, such as the
+torch engine), ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text,
+vLLM's names under an ``edgecloud:`` prefix; see
+:mod:`edgecloud.observability.server_metrics`). A backend with its own ``metrics`` (the
+torch engine's scheduler) reports engine-level figures; for others the server measures
+each request itself.
 
 Errors always have OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with
 the status of the :mod:`edgecloud.errors` class. The body is parsed here, not by FastAPI, so
@@ -17,7 +23,9 @@ malformed JSON, bad or unknown fields  400     ``None`` (``param`` names it)
 prompt (+ max_tokens) beyond context   400     ``context_length_exceeded``
 missing or wrong bearer key            401     ``invalid_api_key``
 unknown ``model``                      404     ``model_not_found``
+wrong method on a route                405     ``None``
 body over ``max_body_bytes``           413     ``request_too_large``
+waiting queue full                     429     ``rate_limit_exceeded`` (+ ``Retry-After``)
 backend failed                         503     ``None``
 ====================================  ======  =============================
 
@@ -25,9 +33,9 @@ A prompt that does not fit is a 400 (as OpenAI answers), not a 413: the body was
 its content is what the caller must change, and OpenAI clients map 400 to
 ``BadRequestError`` with ``code == "context_length_exceeded"``.
 
-Generation runs on a worker thread (:meth:`Backend.astream`), so the event loop keeps
-serving; when a streaming client disconnects, the backend stream is closed and generation
-stops at its next token.
+Generation runs off the event loop (:meth:`Backend.astream`: a worker thread, or the torch
+engine's scheduler thread), so the loop keeps serving; when a streaming client disconnects,
+the backend stream is closed and its sequence is cancelled (its KV freed) at the next token.
 """
 
 from __future__ import annotations
@@ -35,7 +43,9 @@ from __future__ import annotations
 import hmac
 import json
 import logging
-from collections.abc import AsyncIterator
+import math
+import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -46,12 +56,17 @@ from starlette.types import Send
 
 from ..backend import Backend
 from ..errors import (
+    AuthenticationError,
     ContextOverflowError,
     EdgeCloudError,
     InvalidRequestError,
     ModelNotFoundError,
+    RateLimitedError,
 )
-from ..types import ChatCompletionChunk, ChatRequest, now
+from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from ..observability.server_metrics import ServerMetrics
+from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, now
+from .completions import Completion, CompletionRequest
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
 
@@ -67,16 +82,13 @@ class _BodyTooLarge(EdgeCloudError):
     error_type = "invalid_request_error"
 
 
-class _Unauthorized(EdgeCloudError):
-    status_code = 401
-    error_type = "invalid_request_error"
-
-
 def _error_code(exc: BaseException) -> str | None:
     if isinstance(exc, ContextOverflowError):
         return "context_length_exceeded"
-    if isinstance(exc, _Unauthorized):
+    if isinstance(exc, AuthenticationError):
         return "invalid_api_key"
+    if isinstance(exc, RateLimitedError):
+        return "rate_limit_exceeded"
     if isinstance(exc, ModelNotFoundError):
         return "model_not_found"
     if isinstance(exc, _BodyTooLarge):
@@ -105,6 +117,8 @@ def error_response(exc: BaseException) -> JSONResponse:
     if status >= 500:
         logger.error("request failed: %s", exc, exc_info=exc)
     headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    if isinstance(exc, RateLimitedError):
+        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after or 1)))}
     return JSONResponse(_error_body(exc), status_code=status, headers=headers)
 
 
@@ -140,6 +154,43 @@ async def _read_json(request: Request, max_body_bytes: int) -> Any:
         raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
 
 
+class _RequestObserver:
+    """Server-side metrics for a backend without its own: one request's chunks, timed."""
+
+    def __init__(self, metrics: ServerMetrics, in_flight: list[int]) -> None:
+        self.metrics = metrics
+        self.in_flight = in_flight
+        self.start = time.perf_counter()
+        self.last = 0.0
+        self.reason = "error"
+        in_flight[0] += 1
+        metrics.set_queue(in_flight[0], 0)
+
+    def chunk(self, text: str, finish: str | None, usage: Any) -> None:
+        at = time.perf_counter()
+        if text:
+            self.metrics.on_token(self.last == 0.0, at - (self.last or self.start))
+            self.last = at
+        if finish is not None:
+            self.reason = finish
+        if usage is not None:
+            self.metrics.prompt_tokens.labels(self.metrics.model_name).inc(usage.prompt_tokens)
+
+    def done(self, cancelled: bool = False) -> None:
+        self.in_flight[0] -= 1
+        self.metrics.set_queue(self.in_flight[0], 0)
+        self.metrics.on_finished("cancelled" if cancelled and self.reason == "error" else self.reason, time.perf_counter() - self.start)
+
+
+def _chunk_facts(chunk: ChatCompletionChunk | Completion) -> tuple[str, str | None]:
+    """The text and finish reason a chunk of either kind carries."""
+    if not chunk.choices:
+        return "", None
+    choice = chunk.choices[0]
+    text = choice.text if isinstance(chunk, Completion) else (choice.delta.content or "")  # type: ignore[union-attr]
+    return text, choice.finish_reason
+
+
 def create_app(
     backend: Backend,
     *,
@@ -150,25 +201,30 @@ def create_app(
     """An OpenAI-compatible app serving ``backend`` under the name ``model_name``.
 
     With ``api_key`` set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``
-    (compared in constant time); ``/health`` stays open for load balancers. The app does not
-    own ``backend``: load it before serving and close it afterwards (:func:`serve` does both).
+    (compared in constant time); ``/health`` and ``/metrics`` stay open for load balancers
+    and scrapers. The app does not own ``backend``: load it before serving and close it
+    afterwards (:func:`serve` does both).
     """
     app = FastAPI(title="edgecloud", docs_url=None, redoc_url=None, openapi_url=None)
     created = now()
     expected_key = api_key.encode() if api_key else None
+    engine_metrics = getattr(backend, "metrics", None)
+    metrics: ServerMetrics = engine_metrics if isinstance(engine_metrics, ServerMetrics) else ServerMetrics(model_name)
+    observe = metrics is not engine_metrics  # the server measures requests itself
+    in_flight = [0]
 
     def check_key(request: Request) -> None:
         if expected_key is None:
             return
         scheme, _, given = request.headers.get("authorization", "").partition(" ")
         if scheme.lower() != "bearer" or not given:
-            raise _Unauthorized("missing API key; send the header 'Authorization: Bearer <key>'")
+            raise AuthenticationError("missing API key; send the header 'Authorization: Bearer <key>'")
         if not hmac.compare_digest(given.strip().encode(), expected_key):
-            raise _Unauthorized("incorrect API key provided")
+            raise AuthenticationError("incorrect API key provided")
 
-    def check_model(chat: ChatRequest) -> None:
-        if chat.model is not None and chat.model != model_name:
-            error = ModelNotFoundError(f"the model {chat.model!r} does not exist here; this server serves {model_name!r}")
+    def check_model(requested: str | None) -> None:
+        if requested is not None and requested != model_name:
+            error = ModelNotFoundError(f"the model {requested!r} does not exist here; this server serves {model_name!r}")
             error.param = "model"  # type: ignore[attr-defined]
             raise error
 
@@ -190,6 +246,10 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok", "model": model_name}
 
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=METRICS_CONTENT_TYPE)
+
     @app.get("/v1/models")
     async def list_models(request: Request) -> dict[str, Any]:
         check_key(request)
@@ -201,36 +261,86 @@ def create_app(
         try:
             check_key(request)
             chat = ChatRequest.parse(await _read_json(request, max_body_bytes))
-            check_model(chat)
+            check_model(chat.model)
+            chunks = _observed(backend.astream(chat))
             if not chat.stream:
-                completion = await backend.acomplete(chat)
+                completion = collect_chunks([chunk async for chunk in chunks])
                 completion.model = model_name
                 return Response(completion.model_dump_json(), media_type="application/json")
-            return await _start_stream(chat)
+            return await _start_stream(chunks, chat.stream_options)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
             return error_response(exc)
 
-    async def _start_stream(chat: ChatRequest) -> Response:
-        chunks = backend.astream(chat)
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        try:
+            check_key(request)
+            body = CompletionRequest.parse(await _read_json(request, max_body_bytes))
+            check_model(body.model)
+            astream_completion: Callable[[CompletionRequest], AsyncIterator[Completion]] | None = getattr(
+                backend, "astream_completion", None
+            )
+            if astream_completion is None:
+                raise InvalidRequestError(
+                    f"/v1/completions is not served by the {backend.name} runtime; use /v1/chat/completions "
+                    "or serve with the torch engine (edgecloud serve --runtime torch)"
+                )
+            chunks = _observed(astream_completion(body))
+            if not body.stream:
+                return Response((await _collect_text(chunks)).model_dump_json(), media_type="application/json")
+            return await _start_stream(chunks, body.stream_options)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+            return error_response(exc)
+
+    async def _observed(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
+        """``chunks``, with server-side metrics when the backend keeps none."""
+        if not observe:
+            try:
+                async for chunk in chunks:
+                    yield chunk
+            finally:
+                await chunks.aclose()  # type: ignore[attr-defined]
+            return
+        observer = _RequestObserver(metrics, in_flight)
+        finished = False
+        try:
+            async for chunk in chunks:
+                text, finish = _chunk_facts(chunk)
+                observer.chunk(text, finish, chunk.usage)
+                yield chunk
+            finished = True
+        finally:
+            observer.done(cancelled=not finished)
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    async def _collect_text(chunks: AsyncIterator[Completion]) -> Completion:
+        parts, last = [], None
+        async for chunk in chunks:
+            last = chunk
+            parts.extend(choice.text for choice in chunk.choices)
+        if last is None:
+            raise InvalidRequestError("the backend produced no answer")
+        choice = last.choices[0].model_copy(update={"text": "".join(parts)})
+        return last.model_copy(update={"model": model_name, "choices": [choice]})
+
+    async def _start_stream(chunks: AsyncIterator[Any], stream_options: Any) -> Response:
         try:
             # Pull the first chunk before answering 200, so errors raised before generation
-            # (context overflow, unsupported option, backend down) keep their status code.
+            # (context overflow, queue full, unsupported option, backend down) keep their status.
             first = await chunks.__anext__()
         except StopAsyncIteration:
             first = None
         except BaseException:
-            await chunks.aclose()
+            await chunks.aclose()  # type: ignore[attr-defined]
             raise
-        include_usage = bool(chat.stream_options and chat.stream_options.include_usage)
+        include_usage = bool(stream_options and stream_options.include_usage)
         return _EventStream(
             _event_stream(chunks, first, include_usage), media_type="text/event-stream", headers=_SSE_HEADERS
         )
 
-    async def _event_stream(
-        chunks: AsyncIterator[ChatCompletionChunk], first: ChatCompletionChunk | None, include_usage: bool
-    ) -> AsyncIterator[bytes]:
+    async def _event_stream(chunks: AsyncIterator[Any], first: Any, include_usage: bool) -> AsyncIterator[bytes]:
         usage = None
-        last: ChatCompletionChunk | None = None
+        last = None
         try:
             pending = [first] if first is not None else []
             while True:
@@ -255,9 +365,7 @@ def create_app(
             if not isinstance(exc, EdgeCloudError):
                 logger.error("stream failed: %s", exc, exc_info=exc)
         finally:
-            aclose = getattr(chunks, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await chunks.aclose()  # type: ignore[attr-defined]
 
     return app
 

@@ -1,8 +1,9 @@
 """FP8 (E4M3) weights with one scale per output channel, as a drop-in for ``nn.Linear``.
 
-This module owns the weight format (:func:`quantize_fp8_per_channel`), the layer
+This module owns the weight format (:func:`quantize_fp8_per_channel`, which picks each output
+channel's scale by a small search for the least round-trip error), the layer
 (:class:`FP8Linear`) and the handler that converts a model in place (:func:`convert_to_fp8`,
-which leaves embeddings and the lm_head in high precision).
+which leaves embeddings and the lm_head in high precision, and any layer named in ``keep``).
 
 Two execution paths, chosen per call by the device the layer lives on:
 
@@ -28,15 +29,34 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-__all__ = ["FP8_MAX", "FP8Linear", "FP8Report", "convert_to_fp8", "quantize_fp8_per_channel", "scaled_mm_supported"]
+from ..errors import InvalidRequestError
+
+__all__ = [
+    "ALWAYS_KEPT",
+    "FP8_MAX",
+    "SCALE_SEARCH_STEPS",
+    "FP8Linear",
+    "FP8Report",
+    "convert_to_fp8",
+    "convertible_layers",
+    "quantize_fp8_per_channel",
+    "scaled_mm_supported",
+]
 
 logger = logging.getLogger("edgecloud.quant")
 
 FP8_DTYPE = torch.float8_e4m3fn
-#: Largest finite E4M3 value; a row's amax maps onto it.
+#: Largest finite E4M3 value (448); with plain amax scaling a row's largest magnitude maps onto it.
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)
 #: Scales never go below this, so an all-zero row (or token) quantizes to zeros, not NaN.
 _MIN_SCALE = 1e-12
+#: Scales :func:`quantize_fp8_per_channel` tries per output channel, spaced evenly in log2 over one octave.
+SCALE_SEARCH_STEPS = 8
+#: Elements per slice of rows in the scale search: large enough that a CPU's threads are not
+#: mostly waiting on each other at every op, small enough to bound the temporaries (16 MB).
+_SEARCH_SLICE = 1 << 22
+#: Modules :func:`convert_to_fp8` never converts: the token embeddings and the lm_head.
+ALWAYS_KEPT: tuple[str, ...] = ("token_embd", "output")
 
 #: Reasons already logged (each path is announced once per process, not once per layer call).
 _announced: set[str] = set()
@@ -48,18 +68,64 @@ def _announce(reason: str, message: str) -> None:
         logger.warning(message)
 
 
-def quantize_fp8_per_channel(weight: Tensor) -> tuple[Tensor, Tensor]:
+def quantize_fp8_per_channel(weight: Tensor, *, search_steps: int = SCALE_SEARCH_STEPS) -> tuple[Tensor, Tensor]:
     """E4M3 weight ``[out, in]`` and float32 scales ``[out, 1]`` with ``weight ~= w_fp8 * scale``.
 
-    Each output row is scaled so its largest magnitude lands on :data:`FP8_MAX` (448); a row
-    of zeros gets a tiny positive scale and stays zeros.
+    Each row's scale is, of ``amax / 448 * 2**(k / search_steps)`` for ``k = 0 .. search_steps - 1``,
+    the one whose round trip has the least squared error; ``search_steps=1`` is plain amax
+    scaling (the row's largest magnitude lands on :data:`FP8_MAX`, 448). Why search: E4M3's
+    grid is relative (3 mantissa bits per octave), so sliding the scale within one octave
+    slides the grid along the row's values, and some positions fit them better. Weights
+    dequantized from a GGUF k-quant take few distinct values per row; on
+    Qwen2.5-Coder-0.5B Q4_K_M, 8 steps remove 10-20% of each layer's squared error and about
+    30% of the model's teacher-forced KL against fp32 (more steps measured no better).
+    Smaller scales than amax / 448 would clip the largest weight (never better in
+    measurements) and scales an octave up repeat the same grid, so one octave covers every
+    choice. A row of zeros gets a tiny positive scale and stays zeros.
     """
     if weight.dim() != 2:
         raise ValueError(f"expected a 2-D weight [out, in], got shape {tuple(weight.shape)}")
+    if search_steps < 1:
+        raise ValueError(f"search_steps must be >= 1, got {search_steps}")
     w = weight.detach().float()
     scale = (w.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=_MIN_SCALE)
+    if search_steps > 1:
+        scale = _search_scales(w, scale, search_steps)
     w_fp8 = (w / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return w_fp8, scale
+
+
+def _search_scales(w: Tensor, amax_scale: Tensor, steps: int) -> Tensor:
+    """Per row, ``amax_scale * 2**(k / steps)`` with the least round-trip squared error (ties: smallest k)."""
+    best_scale = amax_scale.clone()
+    rows_per_slice = max(1, _SEARCH_SLICE // w.shape[1])
+    for start in range(0, w.shape[0], rows_per_slice):
+        rows = slice(start, start + rows_per_slice)
+        unit = w[rows] / amax_scale[rows]  # each row's amax at 448
+        best_error = torch.full_like(amax_scale[rows], float("inf"))
+        best_factor = torch.ones_like(best_error)
+        for k in range(steps):
+            factor = 2.0 ** (k / steps)
+            x = unit * (1.0 / factor)
+            # Error in units of amax_scale**2, comparable across k within a row.
+            error = _e4m3_round(x).sub_(x).square_().sum(dim=1, keepdim=True).mul_(factor * factor)
+            better = error < best_error
+            best_error = torch.where(better, error, best_error)
+            best_factor = torch.where(better, factor, best_factor)
+        best_scale[rows] = amax_scale[rows] * best_factor
+    return best_scale
+
+
+def _e4m3_round(x: Tensor) -> Tensor:
+    """``x`` (float32, ``|x| <= 448``) rounded to 3 mantissa bits: E4M3's grid for normal values.
+
+    Integer ops on the float32 bits, several times faster on a CPU than a cast to float8 and
+    back. Ties round away from zero instead of to even: the same distance, so the same error.
+    Below E4M3's smallest normal (2**-6) the true grid is coarser; those values are below
+    1/28672 of the row's largest and their error does not move the search.
+    """
+    # float32 keeps 23 mantissa bits, E4M3 the top 3: add half of the 20 dropped bits, drop them.
+    return (x.view(torch.int32) + 0x80000).bitwise_and_(~0xFFFFF).view(torch.float32)
 
 
 def _quantize_fp8_per_token(x: Tensor) -> tuple[Tensor, Tensor]:
@@ -96,9 +162,9 @@ class FP8Linear(nn.Module):
         self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     @classmethod
-    def from_linear(cls, linear: nn.Linear) -> FP8Linear:
-        """Quantize ``linear``'s weight per output channel; its bias is kept as is."""
-        w_fp8, scale = quantize_fp8_per_channel(linear.weight)
+    def from_linear(cls, linear: nn.Linear, *, search_steps: int = SCALE_SEARCH_STEPS) -> FP8Linear:
+        """Quantize ``linear``'s weight per output channel (:func:`quantize_fp8_per_channel`); its bias is kept as is."""
+        w_fp8, scale = quantize_fp8_per_channel(linear.weight, search_steps=search_steps)
         return cls(w_fp8, scale, linear.bias)
 
     def dequantized_weight(self, dtype: torch.dtype = torch.float32) -> Tensor:
@@ -169,22 +235,43 @@ def _is_skipped(name: str, skip: Sequence[str]) -> bool:
     return any(name == s or name.endswith("." + s) for s in skip)
 
 
+def convertible_layers(model: nn.Module, skip: Sequence[str] = ALWAYS_KEPT) -> list[str]:
+    """Qualified names of the ``nn.Linear`` modules :func:`convert_to_fp8` would convert, in model order."""
+    return [name for name, m in model.named_modules() if isinstance(m, nn.Linear) and not _is_skipped(name, skip)]
+
+
 @torch.no_grad()
-def convert_to_fp8(model: nn.Module, skip: Sequence[str] = ("token_embd", "output")) -> FP8Report:
-    """Replace every ``nn.Linear`` of ``model`` in place by an :class:`FP8Linear`, except ``skip``.
+def convert_to_fp8(
+    model: nn.Module,
+    skip: Sequence[str] = ALWAYS_KEPT,
+    *,
+    keep: Sequence[str] = (),
+    search_steps: int = SCALE_SEARCH_STEPS,
+) -> FP8Report:
+    """Replace every ``nn.Linear`` of ``model`` in place by an :class:`FP8Linear`, except ``skip`` and ``keep``.
 
     ``skip`` names modules by their qualified name or its last part (``"output"`` is the
     lm_head, not ``blk.N.attn_output``). Embeddings are not ``nn.Linear`` and always stay.
+    ``keep`` names further linears to leave in high precision, such as a quantization
+    config's ``keep_high_precision`` (:mod:`edgecloud.quant.compare`); each entry must match
+    a linear of ``model``, so a config written for another model fails here instead of
+    silently quantizing everything.
     """
+    linears = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
+    unknown = [k for k in keep if not any(_is_skipped(name, (k,)) for name in linears)]
+    if unknown:
+        example = f" (names look like {linears[-2]!r})" if len(linears) > 1 else ""
+        raise InvalidRequestError(
+            f"no linear layer named {', '.join(map(repr, unknown))} to keep in high precision{example}", param="keep"
+        )
     report = FP8Report()
     # Names, not modules: each high-precision weight is freed as soon as its layer is replaced.
-    names = [name for name, module in model.named_modules() if isinstance(module, nn.Linear)]
-    for name in names:
-        if _is_skipped(name, skip):
+    for name in linears:
+        if _is_skipped(name, skip) or _is_skipped(name, keep):
             report.skipped.append(name)
             continue
         linear = model.get_submodule(name)
-        fp8 = FP8Linear.from_linear(linear)
+        fp8 = FP8Linear.from_linear(linear, search_steps=search_steps)
         parent_name, _, child = name.rpartition(".")
         setattr(model.get_submodule(parent_name) if parent_name else model, child, fp8)
         report.converted.append(name)

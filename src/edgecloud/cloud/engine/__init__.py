@@ -2,12 +2,14 @@
 
 ``Transformer.from_gguf(path, precision="fp32"|"bf16"|"fp8")`` loads a model;
 ``Tokenizer(path)`` its tokenizer and chat template; ``generate`` / ``prefill`` / ``decode_one_token`` run it against an
-explicit per-sequence ``KVCache``. Needs torch (``pip install 'edgecloud[cloud]'``).
+explicit per-sequence ``KVCache``; ``pack_linears`` switches float32 CPU layers to oneDNN's
+prepacked matmuls (fast small batches). Needs torch (``pip install 'edgecloud[cloud]'``).
 """
 
 from __future__ import annotations
 
 from .generate import Tokenizer, decode_one_token, generate, prefill, sample
+from .linear import PackedLinear, pack_linears, packing_supported
 from .model import PRECISIONS, KVCache, ModelArgs, Transformer, param_bytes
 from .weights import GGUFFile, load_state_dict
 
@@ -16,11 +18,14 @@ __all__ = [
     "GGUFFile",
     "KVCache",
     "ModelArgs",
+    "PackedLinear",
     "Tokenizer",
     "Transformer",
     "decode_one_token",
     "generate",
     "load_state_dict",
+    "pack_linears",
+    "packing_supported",
     "param_bytes",
     "prefill",
     "sample",

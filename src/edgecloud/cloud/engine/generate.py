@@ -113,7 +113,7 @@ class Tokenizer:
 def prefill(model: Transformer, tokens: Sequence[int] | Tensor, cache: KVCache) -> Tensor:
     """Score ``tokens`` after what ``cache`` already holds; returns the last position's logits ``[vocab]``."""
     ids = torch.as_tensor(tokens, dtype=torch.long)
-    return model(ids, None, cache)[-1]
+    return model.forward_batch([(ids, None, cache)], last_only=True)[0][0]
 
 
 @torch.inference_mode()

@@ -131,9 +131,9 @@ class KVCache:
     def allocate(
         cls, args: ModelArgs, max_tokens: int, *, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
     ) -> KVCache:
-        """A zeroed cache for up to ``max_tokens`` positions."""
+        """An empty cache for up to ``max_tokens`` positions (slots are uninitialised: never read before written)."""
         shape = (args.n_layer, max_tokens, args.n_head_kv, args.head_dim)
-        return cls(torch.zeros(shape, dtype=dtype, device=device), torch.zeros(shape, dtype=dtype, device=device))
+        return cls(torch.empty(shape, dtype=dtype, device=device), torch.empty(shape, dtype=dtype, device=device))
 
     @property
     def max_tokens(self) -> int:
@@ -264,13 +264,13 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """Dtype of the matmul weights (and of the KV cache :meth:`new_cache` allocates)."""
-        return self.output.weight.dtype
+        """Activation dtype: that of the embeddings (and of the KV cache :meth:`new_cache` allocates)."""
+        return self.token_embd.weight.dtype
 
     @property
     def device(self) -> torch.device:
         """Device the weights live on."""
-        return self.output.weight.device
+        return self.token_embd.weight.device
 
     def new_cache(self, max_tokens: int) -> KVCache:
         """An empty KV cache for one sequence of up to ``max_tokens`` positions."""
@@ -284,8 +284,15 @@ class Transformer(nn.Module):
         """
         return self.forward_batch([(tokens, positions, cache)])[0]
 
-    def forward_batch(self, batch: Sequence[tuple[Tensor, Tensor | None, KVCache]]) -> list[Tensor]:
-        """:meth:`forward` for several sequences at once: one matmul per layer for all their tokens."""
+    def forward_batch(
+        self, batch: Sequence[tuple[Tensor, Tensor | None, KVCache]], *, last_only: bool = False
+    ) -> list[Tensor]:
+        """:meth:`forward` for several sequences at once: one matmul per layer for all their tokens.
+
+        With ``last_only`` each sequence gets the logits of its last position only (``[1, vocab]``):
+        a prefill then skips the lm_head for every other row, which on a 150k vocabulary is most
+        of a long prompt's cost after the layers.
+        """
         segments: list[_Segment] = []
         all_tokens, all_positions = [], []
         start = 0
@@ -314,9 +321,13 @@ class Transformer(nn.Module):
         x = self.token_embd(tokens)
         for layer, block in enumerate(self.blk):
             x = block(x, cos, sin, layer, segments)
-        logits = self.output(self.output_norm(x)).float()
         for seg in segments:
             seg.cache.length = seg.stop
+        if last_only:
+            x = x[torch.tensor([seg.end - 1 for seg in segments], device=x.device)]
+            logits = self.output(self.output_norm(x)).float()
+            return [logits[i : i + 1] for i in range(len(segments))]
+        logits = self.output(self.output_norm(x)).float()
         return [logits[seg.start : seg.end] for seg in segments]
 
     @classmethod
@@ -328,13 +339,15 @@ class Transformer(nn.Module):
         device: torch.device | str = "cpu",
         progress: bool = False,
         precision: str | None = None,
+        fp8_skip: Sequence[str] = (),
     ) -> Transformer:
         """Load a llama/qwen2 GGUF file, dequantized to ``dtype`` (float32 or bfloat16).
 
         ``precision`` (one of :data:`PRECISIONS`) overrides ``dtype``: ``"fp32"`` and ``"bf16"``
         load in that dtype; ``"fp8"`` loads in ``dtype`` (the activation dtype) and converts the
         block linears to E4M3 weights (:func:`edgecloud.quant.convert_to_fp8`), keeping
-        embeddings and the lm_head in ``dtype``.
+        embeddings and the lm_head in ``dtype``, and the linears named in ``fp8_skip`` too
+        (``blk.3.ffn_down``; a quantization config's ``keep_high_precision``).
         """
         from .weights import GGUFFile, load_state_dict
 
@@ -344,6 +357,8 @@ class Transformer(nn.Module):
                     f"unknown precision {precision!r}; allowed: {', '.join(PRECISIONS)}", param="precision"
                 )
             dtype = PRECISIONS[precision] or dtype
+        if fp8_skip and precision != "fp8":
+            raise InvalidRequestError("fp8_skip applies to precision='fp8' only", param="fp8_skip")
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"dtype must be float32, bfloat16 or float16, got {dtype}")
         start = time.perf_counter()
@@ -363,7 +378,7 @@ class Transformer(nn.Module):
         if precision == "fp8":
             from ...quant import convert_to_fp8
 
-            convert_to_fp8(model)
+            convert_to_fp8(model, keep=fp8_skip)
         model.load_seconds = time.perf_counter() - start
         return model.eval()
 

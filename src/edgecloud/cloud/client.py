@@ -1,0 +1,605 @@
+"""CloudBackend: a :class:`~edgecloud.backend.Backend` for any OpenAI-compatible HTTP endpoint.
+
+This module owns the HTTP side of the cloud: the request body sent to
+``/chat/completions``, the retry policy, reading server-sent events into
+:class:`~edgecloud.types.ChatCompletionChunk`, and translating HTTP failures into the
+:mod:`edgecloud.errors` tree. It talks to ``edgecloud serve``, vLLM, SGLang, llama.cpp's
+server and OpenAI alike, sync (:class:`httpx.Client`) and async (:class:`httpx.AsyncClient`).
+
+Rules:
+
+* ``base_url``: a bare ``scheme://host[:port]`` gets ``/v1`` appended; a URL with any path is
+  taken as the API root as given (``http://host:8000/v1``, ``https://proxy/openai/v1``).
+  Requests go to ``{root}/chat/completions``; :meth:`CloudBackend.load` reads ``{root}/models``.
+* Every request streams (``stream: true``, ``stream_options.include_usage``): ``complete`` is
+  the stream collected, so both share retries and error mapping. Only the fields the caller
+  set are sent; edgecloud's extensions (``route``, ``privacy``) never are, and ``model`` is
+  always the backend's own (``request.model`` is ignored, as by every Backend).
+* Retries: connect errors, 429 and 503 are retried up to ``max_retries`` times, waiting the
+  server's ``Retry-After`` (seconds or HTTP-date; OpenAI's ``retry-after-ms`` first) when it
+  sends one, else ``backoff * 2**attempt`` with ±50 % jitter. A hint longer than
+  ``max_retry_wait`` is not waited out: the error is raised at once so a fallback can go
+  elsewhere. Nothing is retried once the status line was 2xx: text may have been delivered.
+* Chunks: the first and the last carry ``route`` (target ``cloud``); usage (from the
+  usage-only chunk) is merged into the last, which holds the finish reason. Finish reasons
+  outside edgecloud's set (``tool_calls``, ``content_filter``) are reported as ``stop``.
+  Closing the iterator closes the HTTP response, so the server stops generating.
+
+Errors (the server's own message is always part of the raised one):
+
+================================================  ===================================
+answer                                             raised
+================================================  ===================================
+400 with ``code: context_length_exceeded`` (or     ContextOverflowError (counts parsed
+"maximum context length" in the message)           from the message, else 0)
+400, 413, 422, other 4xx                           InvalidRequestError (``param`` kept)
+401, 403                                           AuthenticationError
+404                                                ModelNotFoundError
+429 (after retries)                                RateLimitedError (``retry_after``)
+502, 503 (after retries), 504                      BackendUnavailableError
+500, other 5xx                                     BackendError
+connect error / connect timeout (after retries)    BackendUnavailableError
+read timeout, broken or malformed stream           BackendError
+``{"error": ...}`` event inside the stream         as its ``code``/``type`` says, else
+                                                   BackendError
+================================================  ===================================
+"""
+
+from __future__ import annotations
+
+import asyncio
+import email.utils
+import json
+import random
+import re
+import time
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from urllib.parse import urlsplit
+
+import httpx
+from pydantic import ValidationError
+
+from ..backend import Backend
+from ..errors import (
+    AuthenticationError,
+    BackendError,
+    BackendUnavailableError,
+    ConfigError,
+    ContextOverflowError,
+    EdgeCloudError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    RateLimitedError,
+)
+from ..types import (
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatRequest,
+    RouteInfo,
+    Usage,
+    collect_chunks,
+    new_completion_id,
+    now,
+)
+
+if TYPE_CHECKING:
+    from typing_extensions import Self
+
+__all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend"]
+
+#: Longest ``Retry-After`` hint waited out before retrying (longer hints raise at once).
+DEFAULT_MAX_RETRY_WAIT = 30.0
+
+_RETRYABLE_STATUS = frozenset({429, 503})
+_FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error"})
+# Set on the request by the sender, never copied from the caller's request.
+_NOT_FORWARDED = {"route", "privacy", "model", "stream", "stream_options"}
+_STREAM_HEADERS = {"Accept": "text/event-stream"}
+# In-band error events rarely carry a status; their OpenAI ``type`` says which one it would be.
+_STATUS_OF_TYPE = {
+    "invalid_request_error": 400,
+    "authentication_error": 401,
+    "permission_error": 403,
+    "not_found_error": 404,
+    "rate_limit_error": 429,
+    "rate_limit_exceeded": 429,
+}
+# Token counts in context-overflow messages: edgecloud's, OpenAI's and vLLM's wordings.
+_PROMPT_COUNT = (
+    r"prompt is (\d+) tokens",
+    r"(\d+) in the messages",
+    r"has (\d+) input tokens",
+    r"messages resulted in (\d+) tokens",
+    r"requested (\d+) tokens",
+)
+_CONTEXT_COUNT = (r"context window is (\d+)", r"maximum context length is (\d+)")
+
+
+def _api_root(base_url: str) -> str:
+    """``http://host:port`` -> ``http://host:port/v1``; a URL with a path is kept (no trailing /)."""
+    url = base_url.strip().rstrip("/")
+    parts = urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
+    return url if parts.path else f"{url}/v1"
+
+
+def _retry_after(headers: httpx.Headers) -> float | None:
+    """The server's wait hint in seconds: ``retry-after-ms``, or ``Retry-After`` (seconds or date)."""
+    millis = headers.get("retry-after-ms")
+    if millis:
+        try:
+            return max(0.0, float(millis) / 1000)
+        except ValueError:
+            pass
+    value = headers.get("retry-after")
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
+
+
+def _error_fields(body: Any, text: str) -> tuple[str, Any, Any, Any]:
+    """(message, param, code, type) from OpenAI's ``{"error": {...}}``, vLLM's flat shape or FastAPI's."""
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, str):
+        return error, None, None, None
+    if not isinstance(error, dict) and isinstance(body, dict) and "message" in body:
+        error = body
+    if not isinstance(error, dict):
+        detail = body.get("detail") if isinstance(body, dict) else None
+        return str(detail) if detail else (text.strip()[:500] or "(empty body)"), None, None, None
+    return str(error.get("message") or text.strip()[:500] or "(no message)"), error.get("param"), error.get("code"), error.get("type")
+
+
+def _first_count(patterns: tuple[str, ...], message: str) -> int:
+    for pattern in patterns:
+        match = re.search(pattern, message)
+        if match:
+            return int(match.group(1))
+    return 0
+
+
+def _translate(status: int, message: str, param: Any, code: Any, said: str, retry_after: float | None) -> EdgeCloudError:
+    """One HTTP failure -> the edgecloud error a caller can act on (``said`` is the full message)."""
+    if code == "context_length_exceeded" or (status == 400 and "maximum context length" in message.lower()):
+        error = ContextOverflowError(_first_count(_PROMPT_COUNT, message), _first_count(_CONTEXT_COUNT, message))
+        error.args = (said,)  # the server's words, not a message rebuilt from counts that may be 0
+        return error
+    if status in (401, 403):
+        return AuthenticationError(f"{said}; check the api_key")
+    if status == 404:
+        return ModelNotFoundError(f"{said}; check the model name and that base_url is the API root")
+    if status == 429:
+        hint = f" (Retry-After: {retry_after:g} s)" if retry_after is not None else ""
+        return RateLimitedError(f"{said}{hint}", retry_after=retry_after)
+    if 400 <= status < 500:
+        return InvalidRequestError(said, param=param if isinstance(param, str) else None)
+    if status in (502, 503, 504):
+        return BackendUnavailableError(said)
+    return BackendError(said)
+
+
+def _usage(raw: dict[str, Any]) -> dict[str, int]:
+    details = raw.get("prompt_tokens_details")
+    cached = raw.get("cached_tokens") or (details.get("cached_tokens") if isinstance(details, dict) else 0)
+    prompt, completion = raw.get("prompt_tokens") or 0, raw.get("completion_tokens") or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": raw.get("total_tokens") or prompt + completion,
+        "cached_tokens": cached or 0,
+    }
+
+
+def _normalise(payload: dict[str, Any]) -> dict[str, Any]:
+    """Bend the servers' small differences into our chunk shape (nulls, extra finish reasons)."""
+    for choice in payload.get("choices") or []:
+        if not isinstance(choice, dict):
+            continue
+        if choice.get("finish_reason") is not None and choice["finish_reason"] not in _FINISH_REASONS:
+            choice["finish_reason"] = "stop"
+        logprobs = choice.get("logprobs")
+        if isinstance(logprobs, dict) and logprobs.get("content") is None:
+            choice["logprobs"] = None
+        delta = choice.get("delta")
+        if isinstance(delta, dict) and delta.get("role") not in (None, "assistant"):
+            delta.pop("role")
+    if isinstance(payload.get("usage"), dict):
+        payload["usage"] = _usage(payload["usage"])
+    return payload
+
+
+class _EventReader:
+    """SSE lines in, our chunks out. No I/O: the sync and async paths feed it the same way.
+
+    The finish chunk is held back until the usage chunk (or ``[DONE]``) arrives, so the
+    last chunk handed out carries usage and route together.
+    """
+
+    def __init__(self, where: str, route: RouteInfo, model: str) -> None:
+        self.where, self.route, self.model = where, route, model
+        self.done = False
+        self.delivered = 0
+        self._data: list[str] = []
+        self._event = ""
+        self._held: ChatCompletionChunk | None = None
+        self._last: ChatCompletionChunk | None = None
+        self._usage: Usage | None = None
+
+    def feed(self, line: str) -> list[ChatCompletionChunk]:
+        """One line without its line ending; a blank line ends an event."""
+        if self.done:
+            return []
+        if not line:
+            return self._dispatch()
+        if line.startswith(":"):  # comment, e.g. a keepalive
+            return []
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "data":
+            self._data.append(value)
+        elif field == "event":
+            self._event = value
+        return []
+
+    def end(self) -> list[ChatCompletionChunk]:
+        """The body ended: flush, and accept a finished answer even without ``[DONE]``."""
+        out = self._dispatch() if self._data and not self.done else []
+        if self.done:
+            return out
+        if self._held is None:
+            raise BackendError(
+                f"the stream from {self.where} ended after {self.delivered} chunks without a finish "
+                "reason or [DONE]; the server stopped mid-answer"
+            )
+        self.done = True
+        return [*out, *self._final()]
+
+    def _dispatch(self) -> list[ChatCompletionChunk]:
+        data, event = "\n".join(self._data), self._event
+        self._data, self._event = [], ""
+        if not data.strip():
+            return []
+        if data.strip() == "[DONE]":
+            self.done = True
+            return self._final()
+        try:
+            payload = json.loads(data)
+        except ValueError as exc:
+            raise BackendError(f"{self.where} sent a malformed stream: an event is not JSON ({exc}): {data[:200]!r}") from exc
+        if not isinstance(payload, dict):
+            raise BackendError(f"{self.where} sent a malformed stream: an event is not a JSON object: {data[:200]!r}")
+        if "error" in payload or event == "error":
+            raise self._inband_error(payload, data)
+        remote = payload.pop("route", None)
+        try:
+            chunk = ChatCompletionChunk.model_validate(_normalise(payload))
+        except ValidationError as exc:
+            raise BackendError(
+                f"{self.where} sent a malformed stream: an event is not a chat.completion.chunk "
+                f"({exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}): {data[:200]!r}"
+            ) from exc
+        return self._accept(chunk, remote)
+
+    def _inband_error(self, payload: dict[str, Any], data: str) -> EdgeCloudError:
+        message, param, code, kind = _error_fields(payload, data)
+        status = code if isinstance(code, int) else _STATUS_OF_TYPE.get(str(kind), 500)
+        said = f"{self.where} reported an error after {self.delivered} chunks: {message}"
+        return _translate(status, message, param, code, said, None)
+
+    def _accept(self, chunk: ChatCompletionChunk, remote: Any) -> list[ChatCompletionChunk]:
+        if self._last is None and isinstance(remote, dict) and remote.get("backend"):
+            there = f"{remote.get('backend')} on {remote.get('target', '?')}"
+            self.route = self.route.model_copy(update={"reason": f"{self.route.reason}; served there by {there}"})
+        self._last = chunk
+        self._usage = chunk.usage or self._usage
+        if not chunk.choices:  # the usage chunk, or an empty keepalive chunk
+            return []
+        out = [] if self._held is None else [self._held]
+        self._held = None
+        chunk = chunk.model_copy(update={"usage": None, "route": self.route if self.delivered == 0 else None})
+        if any(choice.finish_reason is not None for choice in chunk.choices):
+            self._held = chunk
+        else:
+            out.append(chunk)
+        self.delivered += len(out)
+        return out
+
+    def _final(self) -> list[ChatCompletionChunk]:
+        if self._held is not None:
+            final = self._held.model_copy(update={"usage": self._usage, "route": self.route})
+        else:
+            last = self._last
+            final = ChatCompletionChunk(
+                id=last.id if last else new_completion_id(),
+                created=last.created if last else now(),
+                model=last.model if last else self.model,
+                usage=self._usage,
+                route=self.route,
+            )
+        self._held = None
+        self.delivered += 1
+        return [final]
+
+
+@dataclass
+class _Failure:
+    """One failed attempt: the error to raise, and whether (and after how long) to retry."""
+
+    error: EdgeCloudError
+    retryable: bool = False
+    retry_after: float | None = None
+    cause: BaseException | None = None
+
+
+class CloudBackend(Backend):
+    """Any OpenAI-compatible ``/chat/completions`` endpoint as a cloud Backend.
+
+    ``model`` is the name the server serves; ``api_key`` is sent as a bearer token;
+    ``headers`` are added to every request. See the module docstring for the URL rule, the
+    retry policy and the error mapping. Safe to share between threads; the async side
+    belongs to one event loop (use ``async with`` or :meth:`aclose` in it).
+    """
+
+    name: ClassVar[str] = "openai-http"
+    target: ClassVar[Literal["edge", "cloud"]] = "cloud"
+    supports_logprobs: ClassVar[bool] = True
+    supports_seed: ClassVar[bool] = True
+    supports_stop: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        *,
+        api_key: str | None = None,
+        connect_timeout: float = 5.0,
+        read_timeout: float = 60.0,
+        max_retries: int = 2,
+        backoff: float = 0.5,
+        headers: dict[str, str] | None = None,
+        max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+    ) -> None:
+        if not model:
+            raise ConfigError("model must name the model the endpoint serves")
+        if connect_timeout <= 0 or read_timeout <= 0:
+            raise ConfigError(f"timeouts must be > 0 seconds, got connect={connect_timeout}, read={read_timeout}")
+        if max_retries < 0 or backoff < 0 or max_retry_wait < 0:
+            raise ConfigError("max_retries, backoff and max_retry_wait must be >= 0")
+        self.base_url = _api_root(base_url)
+        self.model = self.model_name = model
+        self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
+        self.max_retries, self.backoff, self.max_retry_wait = max_retries, backoff, max_retry_wait
+        self._chat_url = f"{self.base_url}/chat/completions"
+        sent = dict(headers or {})
+        if api_key:
+            sent["Authorization"] = f"Bearer {api_key}"
+        self._client_options: dict[str, Any] = {
+            "headers": sent,
+            "timeout": httpx.Timeout(read_timeout, connect=connect_timeout),
+        }
+        self._client = httpx.Client(**self._client_options)
+        self._async_client: httpx.AsyncClient | None = None
+        self._closed = False
+        self._route = RouteInfo(
+            target="cloud", backend=self.name, reason=f"OpenAI-compatible endpoint {self.base_url} ({model})"
+        )
+
+    def __repr__(self) -> str:
+        return f"CloudBackend({self.base_url!r}, {self.model!r})"
+
+    # ------------------------------------------------------------------ shared, no I/O
+
+    def _body(self, request: ChatRequest) -> dict[str, Any]:
+        body = request.model_dump(mode="json", exclude_unset=True, exclude_none=True, exclude=_NOT_FORWARDED)
+        for message in body.get("messages", []):
+            if message.get("role") == "developer":  # not every server's chat template knows it
+                message["role"] = "system"
+        body.update(model=self.model, stream=True, stream_options={"include_usage": True})
+        return body
+
+    def _reader(self) -> _EventReader:
+        if self._closed:
+            raise BackendUnavailableError(f"this {self.name} backend ({self.base_url}) is closed; create a new one")
+        return _EventReader(self._chat_url, self._route, self.model)
+
+    def _transport_failure(self, exc: httpx.TransportError, attempt: int, url: str) -> _Failure:
+        tries = f" after {attempt + 1} attempts" if attempt else ""
+        reason = str(exc) or type(exc).__name__
+        if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
+            message = f"cannot connect to {url}{tries}: {reason}; is the server running and base_url right?"
+            return _Failure(BackendUnavailableError(message), retryable=True, cause=exc)
+        if isinstance(exc, httpx.TimeoutException):
+            message = f"{url} did not answer within {self.read_timeout:g} s (read_timeout): {reason}"
+            return _Failure(BackendError(message), cause=exc)
+        return _Failure(BackendUnavailableError(f"{url} dropped the connection before answering: {reason}"), cause=exc)
+
+    def _status_failure(self, response: httpx.Response, attempt: int) -> _Failure:
+        try:
+            text = response.text
+        except httpx.StreamError:  # the error body itself was cut off
+            text = ""
+        try:
+            body = json.loads(text)
+        except ValueError:
+            body = None
+        status, retry_after = response.status_code, _retry_after(response.headers)
+        message, param, code, _ = _error_fields(body, text)
+        tries = f" after {attempt + 1} attempts" if attempt else ""
+        said = f"{response.request.url} answered {status}{tries}: {message}"
+        error = _translate(status, message, param, code, said, retry_after)
+        return _Failure(error, retryable=status in _RETRYABLE_STATUS, retry_after=retry_after)
+
+    def _retry_wait(self, failure: _Failure, attempt: int) -> float | None:
+        """Seconds to wait before the next attempt, or None to raise now."""
+        if not failure.retryable or attempt >= self.max_retries:
+            return None
+        if failure.retry_after is not None:
+            return failure.retry_after if failure.retry_after <= self.max_retry_wait else None
+        return min(self.backoff * 2**attempt * random.uniform(0.5, 1.5), self.max_retry_wait)
+
+    def _broken(self, exc: httpx.HTTPError, reader: _EventReader) -> BackendError:
+        if isinstance(exc, httpx.TimeoutException):
+            return BackendError(
+                f"{self._chat_url} sent nothing for {self.read_timeout:g} s (read_timeout) after "
+                f"{reader.delivered} chunks; the server is stuck or overloaded"
+            )
+        return BackendError(
+            f"the stream from {self._chat_url} broke after {reader.delivered} chunks: {exc or type(exc).__name__}; "
+            "not retried once the server has answered 200"
+        )
+
+    # ------------------------------------------------------------------ sync
+
+    def _post(self, body: dict[str, Any]) -> httpx.Response:
+        """POST the request, retrying as the policy allows; a 2xx response, still streaming."""
+        attempt = 0
+        while True:
+            try:
+                request = self._client.build_request("POST", self._chat_url, json=body, headers=_STREAM_HEADERS)
+                response = self._client.send(request, stream=True)
+            except httpx.TransportError as exc:
+                failure = self._transport_failure(exc, attempt, self._chat_url)
+            else:
+                if response.is_success:
+                    return response
+                try:
+                    response.read()
+                except httpx.HTTPError:
+                    pass
+                finally:
+                    response.close()
+                failure = self._status_failure(response, attempt)
+            wait = self._retry_wait(failure, attempt)
+            if wait is None:
+                raise failure.error from failure.cause
+            time.sleep(wait)
+            attempt += 1
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        """Stream the answer; closing the iterator closes the response (the server stops)."""
+        reader = self._reader()
+        response = self._post(self._body(request))
+        try:
+            try:
+                for line in response.iter_lines():
+                    yield from reader.feed(line)
+                    if reader.done:
+                        return
+                yield from reader.end()
+            except httpx.HTTPError as exc:
+                raise self._broken(exc, reader) from exc
+        finally:
+            response.close()
+
+    def load(self) -> None:
+        """Check the endpoint now: ``GET {root}/models`` answers and lists ``model``.
+
+        Raises BackendUnavailableError (unreachable), AuthenticationError, or
+        ModelNotFoundError (not listed). A server without ``/models`` (404) passes.
+        """
+        self._reader()  # raises when closed
+        url = f"{self.base_url}/models"
+        try:
+            response = self._client.get(url)
+        except httpx.TransportError as exc:
+            raise self._transport_failure(exc, 0, url).error from exc
+        if response.status_code == 404:
+            return
+        if not response.is_success:
+            raise self._status_failure(response, 0).error
+        try:
+            ids = [str(card.get("id")) for card in response.json().get("data", [])]
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise BackendError(f"{url} answered something that is not a model list: {response.text[:200]!r}") from exc
+        if ids and self.model not in ids:
+            raise ModelNotFoundError(f"{url} does not list the model {self.model!r}; it serves: {', '.join(ids)}")
+
+    def close(self) -> None:
+        """Close the sync HTTP client (``aclose`` closes the async one too). Safe to call twice."""
+        self._closed = True
+        self._client.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    # ------------------------------------------------------------------ async
+
+    def _aclient(self) -> httpx.AsyncClient:
+        if self._async_client is None:
+            self._async_client = httpx.AsyncClient(**self._client_options)
+        return self._async_client
+
+    async def _apost(self, body: dict[str, Any]) -> httpx.Response:
+        """Async twin of :meth:`_post`."""
+        client, attempt = self._aclient(), 0
+        while True:
+            try:
+                request = client.build_request("POST", self._chat_url, json=body, headers=_STREAM_HEADERS)
+                response = await client.send(request, stream=True)
+            except httpx.TransportError as exc:
+                failure = self._transport_failure(exc, attempt, self._chat_url)
+            else:
+                if response.is_success:
+                    return response
+                try:
+                    await response.aread()
+                except httpx.HTTPError:
+                    pass
+                finally:
+                    await response.aclose()
+                failure = self._status_failure(response, attempt)
+            wait = self._retry_wait(failure, attempt)
+            if wait is None:
+                raise failure.error from failure.cause
+            await asyncio.sleep(wait)
+            attempt += 1
+
+    async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
+        """Async twin of :meth:`stream` on httpx.AsyncClient (no worker thread)."""
+        reader = self._reader()
+        response = await self._apost(self._body(request))
+        try:
+            try:
+                async for line in response.aiter_lines():
+                    for chunk in reader.feed(line):
+                        yield chunk
+                    if reader.done:
+                        return
+                for chunk in reader.end():
+                    yield chunk
+            except httpx.HTTPError as exc:
+                raise self._broken(exc, reader) from exc
+        finally:
+            await response.aclose()
+
+    async def acomplete(self, request: ChatRequest) -> ChatCompletion:
+        """The whole answer: :meth:`astream` collected (and closed on error)."""
+        chunks = self.astream(request)
+        try:
+            return collect_chunks([chunk async for chunk in chunks])
+        finally:
+            await chunks.aclose()
+
+    async def aclose(self) -> None:
+        """Close both HTTP clients. Safe to call twice."""
+        self._closed = True
+        if self._async_client is not None:
+            await self._async_client.aclose()
+        self._client.close()
+
+    async def __aenter__(self) -> Self:
+        return self

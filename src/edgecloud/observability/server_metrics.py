@@ -1,0 +1,103 @@
+"""The serving metrics of ``edgecloud serve``, in Prometheus text format.
+
+This module owns :class:`ServerMetrics`: one private ``CollectorRegistry`` per server (so
+two servers in one process, or tests, never share counters) holding vLLM's serving metrics
+under an ``edgecloud:`` prefix:
+
+=========================================  =========  ======================================
+name                                       kind       meaning
+=========================================  =========  ======================================
+``edgecloud:time_to_first_token_seconds``  histogram  arrival -> first generated token
+``edgecloud:inter_token_latency_seconds``  histogram  gap between consecutive tokens
+``edgecloud:e2e_request_latency_seconds``  histogram  arrival -> finished
+``edgecloud:num_requests_running``         gauge      sequences in the running batch
+``edgecloud:num_requests_waiting``         gauge      sequences queued for a batch slot
+``edgecloud:prompt_tokens_total``          counter    prompt tokens of admitted requests
+``edgecloud:generation_tokens_total``      counter    tokens generated
+``edgecloud:prefix_cache_queries_total``   counter    prompt tokens looked up in the prefix cache
+``edgecloud:prefix_cache_hits_total``      counter    of those, tokens whose KV was reused
+``edgecloud:request_success_total``        counter    finished requests, by ``finished_reason``
+=========================================  =========  ======================================
+
+As in vLLM, the prefix-cache counters count tokens, so ``hits / queries`` is the hit rate.
+The scheduler calls the ``on_*`` hooks from its own thread; prometheus_client's metrics are
+thread-safe.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE", "ServerMetrics"]
+
+#: ``Content-Type`` of :meth:`ServerMetrics.render`.
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+PREFIX = "edgecloud:"
+
+_TTFT_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 6.4, 12.8, 25.6, 51.2, 102.4)
+_ITL_BUCKETS = (0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56, 5.12)
+_E2E_BUCKETS = (0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+
+
+class ServerMetrics:
+    """vLLM-named serving metrics for one model server; ``render()`` is the ``/metrics`` body."""
+
+    def __init__(self, model_name: str = "") -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.model_name = model_name
+        labels = ["model_name"]
+        r = self.registry
+        self.ttft = Histogram(
+            PREFIX + "time_to_first_token_seconds", "Time to first token.", labels, buckets=_TTFT_BUCKETS, registry=r
+        )
+        self.itl = Histogram(
+            PREFIX + "inter_token_latency_seconds", "Time between tokens.", labels, buckets=_ITL_BUCKETS, registry=r
+        )
+        self.e2e = Histogram(
+            PREFIX + "e2e_request_latency_seconds", "End-to-end request latency.", labels, buckets=_E2E_BUCKETS, registry=r
+        )
+        self.running = Gauge(PREFIX + "num_requests_running", "Requests in the running batch.", labels, registry=r)
+        self.waiting = Gauge(PREFIX + "num_requests_waiting", "Requests waiting for a batch slot.", labels, registry=r)
+        self.prompt_tokens = Counter(PREFIX + "prompt_tokens", "Prompt tokens admitted.", labels, registry=r)
+        self.generation_tokens = Counter(PREFIX + "generation_tokens", "Tokens generated.", labels, registry=r)
+        self.prefix_queries = Counter(
+            PREFIX + "prefix_cache_queries", "Prompt tokens looked up in the prefix cache.", labels, registry=r
+        )
+        self.prefix_hits = Counter(
+            PREFIX + "prefix_cache_hits", "Prompt tokens served from the prefix cache.", labels, registry=r
+        )
+        self.success = Counter(
+            PREFIX + "request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
+        )
+        for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
+            metric.labels(model_name)  # present (at 0) from the start, as scrapers expect
+
+    # ------------------------------------------------------------------ hooks (scheduler thread)
+
+    def set_queue(self, running: int, waiting: int) -> None:
+        """Current batch and queue sizes."""
+        self.running.labels(self.model_name).set(running)
+        self.waiting.labels(self.model_name).set(waiting)
+
+    def on_admitted(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A request joined the batch; ``cached_tokens`` of its prompt came from the prefix cache."""
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.prefix_queries.labels(self.model_name).inc(prompt_tokens)
+        self.prefix_hits.labels(self.model_name).inc(cached_tokens)
+
+    def on_token(self, first: bool, seconds: float) -> None:
+        """A token was generated ``seconds`` after the request arrived (first) or after the previous token."""
+        self.generation_tokens.labels(self.model_name).inc()
+        (self.ttft if first else self.itl).labels(self.model_name).observe(seconds)
+
+    def on_finished(self, reason: str, seconds: float) -> None:
+        """A request ended (``stop``, ``length``, ``cancelled``, ``error``) ``seconds`` after arriving."""
+        self.success.labels(self.model_name, reason).inc()
+        self.e2e.labels(self.model_name).observe(seconds)
+
+    # ------------------------------------------------------------------ exposition
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

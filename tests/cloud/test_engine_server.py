@@ -1,0 +1,182 @@
+"""`edgecloud serve --quant fp8` on the 0.5B model as a real process: clients, metrics, bad input.
+
+One server process (module fixture) with an API key, a batch of 2 and a queue of 1, so that
+the queue-full case is reachable with four requests. Everything goes over loopback: the
+official ``openai`` client, our ``CloudBackend`` and raw httpx for exact status codes.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from edgecloud.cloud.client import CloudBackend
+from edgecloud.types import ChatRequest
+
+KEY = "sk-engine-test"
+MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+AUTH = {"Authorization": f"Bearer {KEY}"}
+HELLO = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def server(qwen05_path: Path) -> Iterator[str]:
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgecloud", "serve", "--model", MODEL, "--quant", "fp8", "--port", str(port),
+         "--api-key", KEY, "--max-batch", "2", "--max-queue", "1", "--ctx", "512", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            assert proc.poll() is None, proc.communicate()[1]
+            assert time.monotonic() < deadline, "the server did not start"
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        yield base
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=60)
+        assert "Traceback" not in err, err
+
+
+def _metric(base: str, name: str) -> float:
+    text = httpx.get(f"{base}/metrics").text
+    match = re.search(rf"^edgecloud:{name}(?:{{[^}}]*}})? (\S+)$", text, re.MULTILINE)
+    assert match, f"edgecloud:{name} missing from /metrics"
+    return float(match.group(1))
+
+
+def _wait_idle(base: str) -> None:
+    deadline = time.monotonic() + 120
+    while _metric(base, "num_requests_running") or _metric(base, "num_requests_waiting"):
+        assert time.monotonic() < deadline, "requests never left the batch"
+        time.sleep(0.2)
+
+
+def test_openai_client_plain_and_streaming(server: str) -> None:
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY) as client:
+        reply = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=12, temperature=0)
+        stream = client.chat.completions.create(
+            model=MODEL, messages=HELLO, max_tokens=12, temperature=0, stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = list(stream)
+    text = reply.choices[0].message.content
+    assert text and reply.usage.completion_tokens == 12 and reply.choices[0].finish_reason == "length"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    # The second identical prompt came from the prefix cache.
+    assert _metric(server, "prefix_cache_hits_total") > 0
+
+
+def test_cloud_backend_and_text_completions(server: str) -> None:
+    with CloudBackend(server, MODEL, api_key=KEY) as backend:
+        answer = backend.complete(ChatRequest(messages=HELLO, max_tokens=8, temperature=0))
+    assert answer.text and answer.usage.completion_tokens == 8
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY) as client:
+        done = client.completions.create(model=MODEL, prompt="def square(x):\n    return", max_tokens=6, temperature=0)
+        pieces = list(client.completions.create(model=MODEL, prompt="def square(x):\n    return", max_tokens=6,
+                                                temperature=0, stream=True))
+    assert done.object == "text_completion" and done.choices[0].text
+    assert "".join(p.choices[0].text for p in pieces if p.choices) == done.choices[0].text
+    assert done.usage is not None and done.usage.completion_tokens == 6
+
+
+def test_metrics_use_vllm_names(server: str) -> None:
+    text = httpx.get(f"{server}/metrics").text
+    for name in ("time_to_first_token_seconds_bucket", "inter_token_latency_seconds_bucket",
+                 "e2e_request_latency_seconds_bucket", "num_requests_running", "num_requests_waiting",
+                 "prompt_tokens_total", "generation_tokens_total", "prefix_cache_queries_total",
+                 "prefix_cache_hits_total", "request_success_total"):
+        assert f"edgecloud:{name}" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param", "words"),
+    [
+        (b"{not json", 400, None, "not valid JSON"),
+        ({"messages": "hi"}, 400, "messages", ""),
+        ({"messages": [{"role": "user", "content": 3}]}, 400, "messages[0].content", ""),
+        ({"messages": []}, 400, "messages", "at least one"),
+        ({"messages": HELLO, "max_tokens": "ten"}, 400, "max_tokens", ""),
+        ({"messages": HELLO, "n": 2}, 400, "n", "only n=1"),
+        ({"messages": HELLO, "model": "gpt-9"}, 404, "model", "does not exist"),
+        ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages", "context window"),
+        ({"messages": HELLO, "max_tokens": 100000}, 400, "messages", "max_tokens"),
+    ],
+)
+def test_bad_input_gets_openai_errors(server: str, body: object, status: int, param: str | None, words: str) -> None:
+    url = f"{server}/v1/chat/completions"
+    reply = httpx.post(url, content=body, headers=AUTH) if isinstance(body, bytes) else httpx.post(url, json=body, headers=AUTH)
+    assert reply.status_code == status, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and words in error["message"]
+    if "context window" in error["message"]:
+        assert error["code"] == "context_length_exceeded" and re.search(r"\d+ tokens", error["message"])
+
+
+def test_auth_size_and_method_errors(server: str) -> None:
+    url = f"{server}/v1/chat/completions"
+    assert httpx.post(url, json={"messages": HELLO}).status_code == 401
+    wrong = httpx.post(url, json={"messages": HELLO}, headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401 and wrong.json()["error"]["code"] == "invalid_api_key"
+    big = httpx.post(url, content=b"x" * (4 * 1024 * 1024 + 1), headers=AUTH)
+    assert big.status_code == 413 and big.json()["error"]["code"] == "request_too_large"
+    assert httpx.get(url, headers=AUTH).status_code == 405
+    bad_completion = httpx.post(f"{server}/v1/completions", json={"prompt": "x", "echo": True}, headers=AUTH)
+    assert bad_completion.status_code == 400 and bad_completion.json()["error"]["param"] == "echo"
+
+
+def test_full_queue_429_and_disconnects_free_the_batch(server: str) -> None:
+    _wait_idle(server)
+    long = {"messages": HELLO, "max_tokens": 300, "temperature": 1.0, "stream": True}
+    with httpx.Client(timeout=120) as client:
+        streams = []
+        try:
+            for _ in range(2):  # fill the batch of 2: each has produced a token, so it is running
+                response = client.send(client.build_request("POST", f"{server}/v1/chat/completions",
+                                                            json=long, headers=AUTH), stream=True)
+                assert response.status_code == 200
+                next(response.iter_lines())
+                streams.append(response)
+            waiting = client.send(client.build_request("POST", f"{server}/v1/chat/completions",
+                                                       json=long, headers=AUTH), stream=True)
+            streams.append(waiting)
+            deadline = time.monotonic() + 60
+            while _metric(server, "num_requests_waiting") < 1:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+            refused = httpx.post(f"{server}/v1/chat/completions", json=long, headers=AUTH)
+            assert refused.status_code == 429, refused.text
+            assert int(refused.headers["Retry-After"]) >= 1
+            assert refused.json()["error"]["type"] == "rate_limit_error"
+            assert _metric(server, "num_requests_running") == 2
+        finally:
+            for response in streams:
+                response.close()  # the client disconnects mid-stream
+    _wait_idle(server)
+    assert _metric(server, "num_requests_running") == 0
