@@ -73,9 +73,7 @@ def measure_model(path: Path, total_tokens: int, protect: str, save_config: Path
     reference: list[torch.Tensor] = []
     runs: list[tuple[str, str, tuple[str, ...]]] = [("fp32", "fp32", ()), ("bf16", "bf16", ()), ("fp8", "fp8", ())]
     if protect == "auto":
-        start = time.perf_counter()
         comparison = compare_precision(path, "fp8", texts, tokens=total_tokens, protect="auto", chunk_tokens=CHUNK_TOKENS)
-        comparison["seconds"] = round(time.perf_counter() - start, 1)
         comparison.pop("per_text")
         result["compare_precision"] = comparison
         runs.append(("fp8_protected", "fp8", tuple(comparison["protected"])))

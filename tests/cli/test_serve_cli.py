@@ -58,3 +58,21 @@ def test_unknown_runtime_is_exit_2() -> None:
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "unknown engine" in result.stderr
+
+
+def test_unreadable_quant_config_is_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "quant.json"
+    bad.write_text('{"format": "something-else"}', encoding="utf-8")
+    result = subprocess.run([sys.executable, "-m", "edgecloud", "serve", "--quant", "fp8", "--quant-config", str(bad)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "cannot read quantization config" in result.stderr
+
+
+def test_vllm_engine_says_how_to_install_it() -> None:
+    result = subprocess.run([sys.executable, "-m", "edgecloud", "serve", "--engine", "vllm", "--model", "Qwen/Qwen2.5-0.5B",
+                             "--quant", "bf16"], capture_output=True, text=True, timeout=120)
+    if result.returncode == 0:
+        pytest.skip("vLLM is installed here")
+    assert result.returncode == 2
+    assert "pip install vllm" in result.stderr and "vllm serve" in result.stderr

@@ -54,6 +54,9 @@ def serve_command(
     max_batch: int = typer.Option(8, "--max-batch", min=1, help="Sequences decoded together (torch, vllm)."),
     max_queue: int = typer.Option(64, "--max-queue", min=0, help="Requests waiting for a slot before 429 (torch)."),
     ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the engine's choice)."),
+    quant_config: str | None = typer.Option(
+        None, "--quant-config", help="torch fp8: a quantization config (layers kept in high precision) from quant compare."
+    ),
     tensor_parallel_size: int | None = typer.Option(
         None, "--tensor-parallel-size", help="vllm: GPUs to split the model over (default: all visible)."
     ),
@@ -81,8 +84,16 @@ def serve_command(
             from ..cloud.engine_backend import TorchEngineBackend
 
             device, chosen = pick_device_and_precision(quant)
+            keep: tuple[str, ...] = ()
+            if quant_config is not None:
+                from ..quant.compare import load_quant_config
+
+                keep = tuple(load_quant_config(quant_config).keep_high_precision)
+                if chosen != "fp8":
+                    raise _fail(f"--quant-config applies to fp8 weights; this server runs {chosen}")
             backend = TorchEngineBackend(
-                model, precision=chosen, n_ctx=ctx, device=device, max_batch=max_batch, max_queue=max_queue
+                model, precision=chosen, n_ctx=ctx, device=device, max_batch=max_batch, max_queue=max_queue,
+                fp8_skip=keep,
             )
         else:
             from ..edge.llamacpp import LlamaCppBackend

@@ -194,6 +194,7 @@ def compare_precision(
     *,
     tokens: int = 2000,
     protect: str | Sequence[str] = "auto",
+    candidates: Sequence[str] | None = None,
     min_top1: float = 0.97,
     max_nll_increase: float = 0.01,
     max_bytes_ratio: float = 0.55,
@@ -210,7 +211,9 @@ def compare_precision(
     ``calibration_texts`` (default: the packaged ``calibration`` sample) and keeps in high
     precision the layers with the most KL per extra byte, as many as fit in
     ``max_bytes_ratio`` (the block linears' bytes over their bf16 bytes); a list of names
-    keeps exactly those. ``meets_targets`` says whether the result reaches ``min_top1`` and
+    keeps exactly those. ``candidates`` limits the measurement and the choice to those
+    linears (default: every block linear); each costs one forward over the calibration
+    tokens. ``meets_targets`` says whether the result reaches ``min_top1`` and
     ``max_nll_increase`` (a fraction: 0.01 is 1%) within ``max_bytes_ratio``.
 
     Returns ``top1_agreement``, ``nll_delta_pct``, ``kl_mean`` and ``weight_bytes_ratio`` of
@@ -243,10 +246,10 @@ def compare_precision(
     names = convertible_layers(model)
     if not names:
         raise InvalidRequestError(f"{path.name} has no linear layers to quantize", param="model_path")
-    if not isinstance(protect, str):
-        unknown = sorted(set(protect) - set(names))
+    for param, given in (("protect", protect), ("candidates", candidates)):
+        unknown = [] if given is None or isinstance(given, str) else sorted(set(given) - set(names))
         if unknown:
-            raise InvalidRequestError(f"not a quantizable layer of {path.name}: {', '.join(unknown)}", param="protect")
+            raise InvalidRequestError(f"not a quantizable layer of {path.name}: {', '.join(unknown)}", param=param)
     with torch.no_grad():
         quantized = {name: QUANTIZERS[quant](model.get_submodule(name)) for name in names}
     high_bytes = {name: _deployed_bytes(model.get_submodule(name)) for name in names}
@@ -262,7 +265,8 @@ def compare_precision(
     layers: list[dict[str, Any]] = []
     calibration_drift: dict[str, Any] | None = None
     if calibration is not None:
-        sensitivity, calibration_drift = _measure_sensitivity(model, calibration, quantized)
+        measured = names if candidates is None else [name for name in names if name in set(candidates)]
+        sensitivity, calibration_drift = _measure_sensitivity(model, calibration, quantized, measured)
         kept = set(_most_kl_per_byte(sensitivity, high_bytes, low_bytes, budget))
         chosen = [name for name in names if name in kept]
         layers = [
@@ -282,8 +286,8 @@ def compare_precision(
         with _swapped(model, {name: module for name, module in quantized.items() if name not in chosen}):
             final = drift(reference, model, chunks)
 
-    def ratio(kept: Sequence[str]) -> float:
-        return sum(high_bytes[n] if n in kept else low_bytes[n] for n in names) / sum(high_bytes.values())
+    def ratio(keep: Sequence[str]) -> float:
+        return sum(high_bytes[n] if n in keep else low_bytes[n] for n in names) / sum(high_bytes.values())
 
     result: dict[str, Any] = {
         "model": path.name,
@@ -374,9 +378,9 @@ class _Replay(nn.Module):
 
 @torch.inference_mode()
 def _measure_sensitivity(
-    model: nn.Module, chunks: Sequence[Chunk], quantized: Mapping[str, nn.Module]
+    model: nn.Module, chunks: Sequence[Chunk], quantized: Mapping[str, nn.Module], measured: Sequence[str]
 ) -> tuple[dict[str, float], dict[str, Any]]:
-    """Per layer, mean KL(fp32 || only that layer quantized) on ``chunks``; and the all-quantized drift there."""
+    """Per ``measured`` layer, mean KL(fp32 || only that layer quantized) on ``chunks``; and the all-quantized drift there."""
     batch = [torch.tensor(ids) for _, ids in chunks]
 
     def run() -> list[Tensor]:
@@ -412,13 +416,13 @@ def _measure_sensitivity(
 
     sensitivity = {}
     started = time.perf_counter()
-    for i, name in enumerate(quantized):
+    for i, name in enumerate(measured):
         parts = name.split(".")
         first_block = int(parts[1]) if replay_ok and parts[0] == "blk" and parts[1].isdigit() else 0
         with _swapped(model, {name: quantized[name]}), replaying(first_block):
             sensitivity[name] = kl(run())
         if i % 20 == 19:
-            logger.info("sensitivity: %d/%d layers, %.0f s", i + 1, len(quantized), time.perf_counter() - started)
+            logger.info("sensitivity: %d/%d layers, %.0f s", i + 1, len(measured), time.perf_counter() - started)
 
     with _swapped(model, quantized):
         sums: dict[str, float] = {}
