@@ -160,6 +160,8 @@ class ChatRequest(_Validated):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     n: int | None = None
     user: str | None = None
+    #: vLLM's extension: keep generating past end-of-generation tokens (benchmarks, load tests).
+    ignore_eos: bool = False
     # edgecloud extensions
     route: Literal["auto", "edge", "cloud"] = "auto"
     privacy: Literal["default", "local_only"] = "default"

@@ -44,6 +44,8 @@ class CompletionRequest(_Validated):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     user: str | None = None
+    #: vLLM's extension: keep generating past end-of-generation tokens.
+    ignore_eos: bool = False
 
     @field_validator("prompt", mode="before")
     @classmethod

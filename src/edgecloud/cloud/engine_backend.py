@@ -242,6 +242,7 @@ class TorchEngineBackend(Backend):
             temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
             top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
             seed=request.seed,
+            stop_at_eog=not getattr(request, "ignore_eos", False),
         )
 
     def _submit(

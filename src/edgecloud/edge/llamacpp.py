@@ -615,7 +615,7 @@ class LlamaCppBackend(SerialBackend):
             if sampler is None or want_logprobs:
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             token = int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, -1)
-            if lib.llama_vocab_is_eog(vocab, token):
+            if not request.ignore_eos and lib.llama_vocab_is_eog(vocab, token):
                 finish = "stop"
                 break
             generated += 1
