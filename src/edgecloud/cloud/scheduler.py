@@ -294,9 +294,11 @@ class Scheduler:
             for seq in [s for s in self._waiting if s.cancelled]:
                 self._waiting.remove(seq)
                 self._finish(seq, "cancelled")
+            # Into the batch under the lock, so submit() never sees a sequence in neither list.
             admitted = []
-            while self._waiting and len(self._running) + len(admitted) < self.max_batch:
+            while self._waiting and len(self._running) < self.max_batch:
                 admitted.append(self._waiting.popleft())
+                self._running.append(admitted[-1])
         for seq in admitted:
             self._admit(seq)
         for seq in [s for s in self._running if s.cancelled]:
@@ -315,7 +317,8 @@ class Scheduler:
         try:
             seq.cache = self.model.new_cache(capacity)
         except RuntimeError as exc:  # out of memory
-            self._finish(seq, "error", BackendError(f"could not allocate a KV cache of {capacity} positions: {exc}"))
+            error = BackendError(f"could not allocate a KV cache of {capacity} positions: {exc}")
+            self._retire(seq, "error", error)
             return
         if entry is not None and shared >= self.min_prefix:
             state: KVCache = entry.state
@@ -326,7 +329,6 @@ class Scheduler:
             self.prefix_cache.touch(entry)
         if self.metrics is not None:
             self.metrics.on_admitted(len(seq.prompt), seq.cached_tokens)
-        self._running.append(seq)
 
     def _ensure_room(self, seq: Sequence, needed: int) -> None:
         cache = seq.cache
