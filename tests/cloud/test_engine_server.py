@@ -151,17 +151,13 @@ def test_auth_size_and_method_errors(server: str) -> None:
     assert bad_completion.status_code == 400 and bad_completion.json()["error"]["param"] == "echo"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="open bug: on the clean-clone CI the 4th concurrent request was sometimes accepted (a sequence left the "
-    "batch early); tracked in issue 3's note. The scheduler-level 429 test (test_scheduler.py) passes.",
-)
 def test_full_queue_429_and_disconnects_free_the_batch(server: str) -> None:
     _wait_idle(server)
     # ignore_eos (vLLM's extension): these answers cannot end before the test closes them.
     long = {"messages": HELLO, "max_tokens": 300, "temperature": 0, "stream": True, "ignore_eos": True}
     with httpx.Client(timeout=120) as client:
         streams = []
+        iters = []
         refused = None
         try:
             # Capacity is max_batch 2 + max_queue 1: the 4th concurrent request must be refused.
@@ -172,7 +168,11 @@ def test_full_queue_429_and_disconnects_free_the_batch(server: str) -> None:
                 if response.status_code != 200:
                     refused = response
                     break
-                next(response.iter_lines())  # the role chunk: the request is in the scheduler
+                # Keep the line iterator alive: a discarded one is closed when it is garbage-collected,
+                # which closes the connection, and the server then rightly cancels that request.
+                lines = response.iter_lines()
+                iters.append(lines)
+                next(lines)  # the role chunk: the request is in the scheduler
             assert refused is not None and len(streams) == 4, "four concurrent requests were all accepted"
             refused.read()
             assert refused.status_code == 429, refused.text
