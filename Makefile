@@ -13,6 +13,10 @@ PYTEST_ARGS ?=
 # torch is installed before the package so pip does not resolve `torch>=2.4` to a multi-GB
 # CUDA build; 2.13.0 is the CPU build on this project's machines. Elsewhere: make test TORCH=torch
 TORCH  ?= torch==2.13.0
+# llama.cpp is built for this CPU's SIMD extensions but without AMX (a native build crashes with
+# "Illegal instruction" on VMs that do not grant AMX state); set CMAKE_ARGS yourself to override.
+CMAKE_ARGS ?= $(shell $(PYTHON) scripts/llama_cmake_args.py)
+export CMAKE_ARGS
 
 .PHONY: chat test install install-dev models bench clean
 

@@ -1,4 +1,4 @@
-"""The ``edgecloud`` command line: chat, models, plan, serve (more sub-commands join as they land).
+"""The ``edgecloud`` command line: chat, models, plan, route, serve (more sub-commands join as they land).
 
 Each sub-command lives in its own module; this one only builds the typer app and turns
 edgecloud errors into a one-line message and exit code 2 instead of a traceback.
@@ -14,6 +14,7 @@ from ..errors import EdgeCloudError
 from . import chat as _chat
 from . import models as _models
 from . import plan as _plan
+from . import route as _route
 from . import serve as _serve
 
 app = typer.Typer(
@@ -24,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_models.app, name="models")
+app.add_typer(_route.app, name="route")
 app.command("plan", help="Plan whether a model fits a device's memory budget.")(_plan.plan_command)
 app.command("chat", help="Chat with a model: an interactive REPL, or one answer with --prompt.")(_chat.chat_command)
 app.command("serve", help="Serve a model over the OpenAI API on this machine.")(_serve.serve_command)

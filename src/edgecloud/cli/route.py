@@ -1,0 +1,169 @@
+"""``edgecloud route``: label outcomes, train and evaluate the router's scorer, score requests."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..router.tasks import SUITES
+
+app = typer.Typer(help="Label, train, evaluate and apply the complexity router.", no_args_is_help=True)
+
+DEFAULT_EDGE = "qwen2.5-coder-0.5b-instruct-q4"
+DEFAULT_CLOUD = "qwen2.5-coder-1.5b-instruct-q4"
+
+
+@app.command("label")
+def label_command(
+    out: Path = typer.Option(Path("outcomes.jsonl"), "--out", help="Outcome file to write (JSONL)."),
+    suites: str = typer.Option(",".join(SUITES), "--suites", help=f"Comma-separated suites: {', '.join(SUITES)}."),
+    sides: str = typer.Option("edge,cloud", "--sides", help="Which sides to run now: edge, cloud or both."),
+    edge_model: str = typer.Option(DEFAULT_EDGE, "--edge-model", help="The edge model (name or .gguf path)."),
+    cloud_model: str = typer.Option(DEFAULT_CLOUD, "--cloud-model", help="The cloud model (name or .gguf path)."),
+    threads: int = typer.Option(0, "--threads", min=0, help="llama.cpp threads (0: physical cores)."),
+    limit: int = typer.Option(0, "--limit", min=0, help="Only the first N tasks (after the seeded shuffle)."),
+    n_ctx: int = typer.Option(8192, "--ctx", min=512, help="Context size for both models."),
+) -> None:
+    """Run both models greedily on the task suites, grade every answer, write the outcome file.
+
+    Each side's raw results go to OUT.<side>.jsonl as they come, so a stopped run resumes;
+    the outcome file joins the tasks both sides have answered.
+    """
+    from ..edge.llamacpp import LlamaCppBackend
+    from ..router.label import label_side, merge_outcomes
+    from ..router.tasks import load_tasks
+
+    tasks = load_tasks([s.strip() for s in suites.split(",") if s.strip()])
+    random.Random(0).shuffle(tasks)  # every prefix of the run covers every suite
+    if limit:
+        tasks = tasks[:limit]
+    models = {"edge": edge_model, "cloud": cloud_model}
+    for side in [s.strip() for s in sides.split(",") if s.strip()]:
+        if side not in models:
+            raise typer.BadParameter(f"unknown side {side!r}; use edge and/or cloud", param_hint="--sides")
+        backend = LlamaCppBackend(models[side], n_ctx=n_ctx, n_threads=threads or None, reuse_prefix=False)
+        columns = (TextColumn(f"[bold]{side}[/] {models[side]}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[passed]} passed"), TimeElapsedColumn(), TimeRemainingColumn())
+        with backend, Progress(*columns, transient=False) as bar:
+            job = bar.add_task(side, total=None, passed=0)
+            passed = 0
+
+            def step(done: int, total: int, row: dict) -> None:
+                nonlocal passed
+                passed += bool(row["pass"])
+                bar.update(job, completed=done, total=total, passed=passed)
+
+            rows = label_side(backend, tasks, out, side, progress=step)
+        typer.echo(f"{side}: {sum(r['pass'] for r in rows.values())}/{len(rows)} passed", err=True)
+    count = merge_outcomes(tasks, out)
+    typer.echo(f"{out}: {count} tasks answered by both sides", err=True)
+
+
+def _scorer(kind: str, model: Path | None):  # type: ignore[no-untyped-def]
+    from ..router.scorers import load_scorer
+
+    try:
+        return load_scorer(kind, model)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--scorer") from exc
+
+
+@app.command("score")
+def score_command(
+    input_file: Path | None = typer.Option(None, "--input", help="JSONL requests (default: stdin)."),
+    scorer: str = typer.Option("learned", "--scorer", help="learned or rules."),
+    model: Path | None = typer.Option(None, "--model", help="A learned model JSON (default: the packaged one)."),
+    edge_below: float = typer.Option(0.3, "--edge-below", help="Scores below this run on the edge."),
+    cloud_above: float = typer.Option(0.7, "--cloud-above", help="Scores above this go to the cloud."),
+) -> None:
+    """Score JSONL requests ({"id", "messages"} or {"id", "prompt"}): one JSON line out per line in.
+
+    A line that cannot be read yields {"id", "error"} and the run goes on.
+    """
+    import json
+    import sys
+
+    chosen = _scorer(scorer, model)
+    stream = input_file.open(encoding="utf-8", errors="replace") if input_file else sys.stdin
+    with stream:
+        for n, line in enumerate(stream, 1):
+            if not line.strip():
+                continue
+            ident: object = n
+            try:
+                item = json.loads(line)
+                if not isinstance(item, dict):
+                    raise ValueError("a request line must be a JSON object")
+                ident = item.get("id", n)
+                if not isinstance(item.get("messages", item.get("prompt")), (list, str)):
+                    raise ValueError("give 'messages' (a list) or 'prompt' (a string)")
+                value = chosen.score(item)
+            except (ValueError, TypeError, AttributeError) as exc:
+                typer.echo(json.dumps({"id": ident, "error": f"line {n}: {exc}"}))
+                continue
+            target = "edge" if value < edge_below else "cloud" if value > cloud_above else "edge_then_cloud"
+            reason = f"{chosen.name} score {value:.3f} " + (
+                f"< {edge_below}" if target == "edge" else f"> {cloud_above}" if target == "cloud"
+                else f"in [{edge_below}, {cloud_above}]: edge first, cloud if the answer looks wrong")
+            typer.echo(json.dumps({"id": ident, "score": round(value, 4), "target": target, "reason": reason}))
+
+
+@app.command("eval")
+def eval_command(
+    data: Path = typer.Option(..., "--data", exists=True, dir_okay=False, help="Outcome file (JSONL)."),
+    scorer: str = typer.Option("learned", "--scorer", help="learned or rules."),
+    model: Path | None = typer.Option(None, "--model", help="A learned model JSON (default: the packaged one)."),
+    split: str = typer.Option("test", "--split", help="test (held-out share), train, or all rows."),
+    plot: Path | None = typer.Option(None, "--plot", help="Write a PNG of the curves here."),
+    json_output: bool = typer.Option(False, "--json", help="Print the JSON summary (default: a short table)."),
+) -> None:
+    """Replay outcomes: APGR, CPT(50%), CPT(80%) against a seeded random router and the oracle."""
+    import json
+
+    from ..router import evaluate as ev
+
+    rows = ev.load_outcomes(data)
+    if split != "all":
+        train, test = ev.split_outcomes(rows)
+        rows = test if split == "test" else train
+    chosen = _scorer(scorer, model)
+    scores = ev.score_rows(rows, chosen.score)
+    out = ev.summary(rows, scores)
+    out["scorer"] = chosen.name
+    if plot is not None:
+        curves = {chosen.name: ev.router_curve(rows, scores), "random": ev.router_curve(rows, ev.random_scores(rows)),
+                  "oracle": ev.router_curve(rows, ev.oracle_scores(rows))}
+        if chosen.name != "rules":
+            from ..router.scorers import RulesScorer
+
+            curves["rules"] = ev.router_curve(rows, ev.score_rows(rows, RulesScorer().score))
+        ev.plot_curves(curves, plot)
+        out["plot"] = str(plot)
+    if json_output:
+        typer.echo(json.dumps(out))
+        return
+    for key in ("scorer", "n", "apgr", "random_apgr", "oracle_apgr", "cpt50", "cpt80", "edge_quality", "cloud_quality"):
+        typer.echo(f"{key:>14}  {out[key]}")
+
+
+@app.command("train")
+def train_command(
+    data: Path = typer.Option(..., "--data", exists=True, dir_okay=False, help="Outcome file (JSONL)."),
+    out: Path = typer.Option(..., "--out", help="Where to write the learned model (JSON)."),
+    all_rows: bool = typer.Option(False, "--all", help="Train on every row (default: the train split only)."),
+) -> None:
+    """Fit the learned scorer on outcomes (the held-out split is left out unless --all)."""
+    import json
+
+    from ..router import evaluate as ev
+    from ..router.scorers import train_scorer
+
+    rows = ev.load_outcomes(data)
+    if not all_rows:
+        rows, _ = ev.split_outcomes(rows)
+    model = train_scorer(rows)
+    out.write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")
+    typer.echo(f"{out}: trained on {len(rows)} outcomes (C={model['C']})", err=True)

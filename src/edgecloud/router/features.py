@@ -1,0 +1,144 @@
+"""Cheap request features for the router's scorers (well under a millisecond per request).
+
+:func:`extract` turns a request (or a plain list of chat messages) into named numeric
+features: sizes (estimated prompt and conversation tokens, requested ``max_tokens``, turn
+depth), content markers (code, maths, reasoning, explicit precision), a domain lexicon
+(finance, medical, legal, science) and the script of the text. :func:`hashed_ngrams` adds
+word uni- and bi-grams hashed into a fixed number of buckets (a stable CRC32 hash, so a
+trained model means the same thing in every process) for the learned scorer.
+
+Token counts are estimated from characters (about four per token for English and code,
+about one per CJK character) so no tokenizer needs to load; pass ``count_tokens`` to use a
+real one.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import zlib
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["FEATURE_NAMES", "DOMAINS", "estimate_tokens", "extract", "hashed_ngrams", "messages_of"]
+
+# Bounded work per request: features look at the head and tail of very long prompts only.
+_SCAN_CHARS = 6_000
+
+DOMAINS: dict[str, tuple[str, ...]] = {
+    "finance": ("invest", "portfolio", "interest rate", "dividend", "tax", "loan", "mortgage", "equity", "bond",
+                "revenue", "accounting", "balance sheet", "inflation", "stock", "compound"),
+    "medical": ("diagnos", "symptom", "dose", "dosage", "patient", "treatment", "disease", "medication", "clinical",
+                "prescri", "syndrome", "therapy", "blood", "vaccine", "infection"),
+    "legal": ("contract", "lawsuit", "liabilit", "statute", "court", "plaintiff", "defendant", "regulation",
+              "gdpr", "copyright", "jurisdiction", "clause", "attorney", "legal", "treaty"),
+    "science": ("quantum", "molecule", "theorem", "enzyme", "photosynth", "thermodynamic", "relativity", "protein",
+                "isotope", "atomic", "chemical", "physics", "equation", "integral", "derivative"),
+}
+
+_CODE = re.compile(r"```|\bdef \w+\(|\bclass \w+|\breturn\b|\bimport \w+|[{};]\s*$|=>|\bfunction\b|#include",
+                   re.MULTILINE)
+_CODE_WORDS = re.compile(r"\b(python|function|code|implement|algorithm|bug|compile|regex|class|method|sql|"
+                         r"javascript|refactor|unit test|api|script)\b", re.IGNORECASE)
+_MATH = re.compile(r"\b(calculate|compute|how many|how much|total|percent|sum|product|average|solve|equation|"
+                   r"probability|integral|derivative|prove|km|dollars|euros)\b|[0-9]+\s*[-+*/^%=]\s*[0-9]+|%",
+                   re.IGNORECASE)
+_REASONING = re.compile(r"\b(step by step|explain|why|reason|prove|compare|analy[sz]e|justify|trade-?offs?|"
+                        r"design|plan|evaluate|derive|optimi[sz]e|edge cases?)\b", re.IGNORECASE)
+_PRECISION = re.compile(r"\b(exact(ly)?|precise(ly)?|accurate(ly)?|decimal places?|significant figures|"
+                        r"to the (cent|penny)|must be correct|verbatim|rigorous(ly)?)\b", re.IGNORECASE)
+_CONSTRAINTS = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+|\b(must|should|ensure|make sure|do not|don't|without)\b",
+                          re.IGNORECASE | re.MULTILINE)
+_EXAMPLES = re.compile(r">>>|\bexamples?\b|==|->", re.IGNORECASE)
+_QUESTION = re.compile(r"^\s*(what|who|when|where|which|how|is|are|does|do|can|name)\b", re.IGNORECASE)
+_CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
+_WORD = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]", re.IGNORECASE)
+
+FEATURE_NAMES: tuple[str, ...] = (
+    "log_prompt_tokens", "log_conversation_tokens", "log_max_tokens", "turns", "has_system",
+    "code_markers", "code_words", "math_markers", "digits", "reasoning_markers", "precision_request",
+    "constraints", "examples", "question_form", "lines", "non_ascii", "cjk", "long_prompt",
+    *(f"domain_{d}" for d in DOMAINS),
+)
+
+
+def estimate_tokens(text: str) -> int:
+    """Tokens in ``text``, estimated: ~4 characters per token, CJK characters ~1 each."""
+    cjk = len(_CJK.findall(text[:_SCAN_CHARS])) * max(1.0, len(text) / max(1, min(len(text), _SCAN_CHARS)))
+    return int(math.ceil((len(text) - cjk) / 4 + cjk))
+
+
+def _scan(text: str) -> str:
+    if len(text) <= _SCAN_CHARS:
+        return text
+    half = _SCAN_CHARS // 2
+    return text[:half] + "\n" + text[-half:]
+
+
+def messages_of(request: Any) -> list[dict[str, str]]:
+    """Chat messages from a ChatRequest, a list of message dicts, or a plain prompt string."""
+    if isinstance(request, str):
+        return [{"role": "user", "content": request}]
+    if hasattr(request, "message_dicts"):
+        return list(request.message_dicts())
+    if isinstance(request, dict):
+        if "messages" in request:
+            return [{"role": str(m.get("role", "user")), "content": str(m.get("content") or "")}
+                    for m in request["messages"]]
+        return [{"role": "user", "content": str(request.get("prompt", ""))}]
+    return [{"role": str(m.get("role", "user")), "content": str(m.get("content") or "")} for m in request]
+
+
+def extract(
+    request: Any, *, max_tokens: int | None = None, count_tokens: Callable[[str], int] | None = None
+) -> dict[str, float]:
+    """Named features of a request (see :data:`FEATURE_NAMES`); never raises on odd text."""
+    messages = messages_of(request)
+    if max_tokens is None:
+        max_tokens = getattr(request, "max_tokens", None) or (request.get("max_tokens") if isinstance(request, dict)
+                                                              else None)
+    count = count_tokens or estimate_tokens
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    last = users[-1] if users else ""
+    prompt_tokens = count(last)
+    conversation_tokens = sum(count(m["content"]) for m in messages)
+    text = _scan(last)
+    lower = text.lower()
+    n = max(1, len(text))
+    features = {
+        "log_prompt_tokens": math.log1p(prompt_tokens),
+        "log_conversation_tokens": math.log1p(conversation_tokens),
+        "log_max_tokens": math.log1p(max_tokens or 0),
+        "turns": float(min(len(users), 20)),
+        "has_system": float(any(m["role"] == "system" for m in messages)),
+        "code_markers": math.log1p(len(_CODE.findall(text))),
+        "code_words": math.log1p(len(_CODE_WORDS.findall(text))),
+        "math_markers": math.log1p(len(_MATH.findall(text))),
+        "digits": sum(c.isdigit() for c in text) / n,
+        "reasoning_markers": math.log1p(len(_REASONING.findall(text))),
+        "precision_request": float(bool(_PRECISION.search(text))),
+        "constraints": math.log1p(len(_CONSTRAINTS.findall(text))),
+        "examples": math.log1p(len(_EXAMPLES.findall(text))),
+        "question_form": float(bool(_QUESTION.match(text))),
+        "lines": math.log1p(text.count("\n")),
+        "non_ascii": sum(ord(c) > 127 for c in text) / n,
+        "cjk": len(_CJK.findall(text)) / n,
+        "long_prompt": float(conversation_tokens > 1024),
+    }
+    for domain, words in DOMAINS.items():
+        features[f"domain_{domain}"] = float(sum(1 for w in words if w in lower))
+    return features
+
+
+def hashed_ngrams(request: Any, dim: int = 4096) -> dict[int, float]:
+    """Word 1- and 2-grams of the last user message, hashed into ``dim`` buckets, L2-normalised."""
+    messages = messages_of(request)
+    users = [m["content"] for m in messages if m["role"] == "user"]
+    words = _WORD.findall(_scan(users[-1] if users else "").lower())[:4000]
+    counts: dict[int, float] = {}
+    grams: Sequence[str] = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
+    for gram in grams:
+        bucket = zlib.crc32(gram.encode("utf-8", "replace")) % dim
+        counts[bucket] = counts.get(bucket, 0.0) + 1.0
+    norm = math.sqrt(sum(v * v for v in counts.values())) or 1.0
+    return {k: v / norm for k, v in counts.items()}

@@ -1,0 +1,114 @@
+"""Measure where each side succeeds: run both models on the task suites and grade the answers.
+
+``edgecloud route label`` calls :func:`label_side` once per side (the edge model, then the
+cloud model, each greedy through llama.cpp on this machine), writing one JSON line per task
+to ``<out>.<side>.jsonl`` as it goes, so an interrupted run resumes where it stopped; then
+:func:`merge_outcomes` joins the two into the outcome file the router trains and is
+evaluated on. An outcome line::
+
+    {"id", "suite", "difficulty", "messages", "max_tokens", "prompt_tokens",
+     "edge_pass", "cloud_pass", "edge_tokens", "cloud_tokens", "edge_finish", "cloud_finish",
+     "edge_logprob": {"mean", "min", "p10", "tail_mean"}, "edge_answer", "cloud_answer",
+     "edge_seconds", "cloud_seconds"}
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from ..backend import Backend
+from ..types import ChatRequest, collect_chunks
+from .tasks import Task, grade
+
+__all__ = ["logprob_summary", "label_side", "merge_outcomes", "side_path"]
+
+Progress = Callable[[int, int, dict[str, Any]], None]
+
+
+def side_path(out: Path, side: str) -> Path:
+    """Where one side's raw results for outcome file ``out`` live."""
+    return out.with_name(f"{out.stem}.{side}.jsonl")
+
+
+def logprob_summary(logprobs: list[float]) -> dict[str, float]:
+    """Mean, minimum, 10th percentile and mean of the worst 10% of an answer's token logprobs."""
+    if not logprobs:
+        return {"mean": 0.0, "min": 0.0, "p10": 0.0, "tail_mean": 0.0}
+    ordered = sorted(logprobs)
+    tail = ordered[: max(1, math.ceil(len(ordered) / 10))]
+    return {
+        "mean": round(sum(ordered) / len(ordered), 5),
+        "min": round(ordered[0], 5),
+        "p10": round(ordered[int(0.1 * (len(ordered) - 1))], 5),
+        "tail_mean": round(sum(tail) / len(tail), 5),
+    }
+
+
+def _read(path: Path) -> dict[str, dict[str, Any]]:
+    if not path.exists():
+        return {}
+    rows = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["id"]] = row
+    return rows
+
+
+def label_side(
+    backend: Backend, tasks: Iterable[Task], out: Path, side: str, *, progress: Progress | None = None
+) -> dict[str, dict[str, Any]]:
+    """Answer every task greedily with ``backend`` and grade it; resumes from ``<out>.<side>.jsonl``."""
+    path = side_path(out, side)
+    done = _read(path)
+    todo = [t for t in tasks if t.id not in done]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", encoding="utf-8") as fh:
+        for i, task in enumerate(todo):
+            request = ChatRequest(messages=task.messages, max_tokens=task.max_tokens, temperature=0.0, logprobs=True)
+            started = time.perf_counter()
+            answer = collect_chunks(backend.stream(request))
+            seconds = time.perf_counter() - started
+            text = answer.choices[0].message.content or ""
+            lps = [e.logprob for e in answer.choices[0].logprobs.content] if answer.choices[0].logprobs else []
+            row = {
+                "id": task.id,
+                "pass": grade(task, text),
+                "answer": text,
+                "finish": answer.choices[0].finish_reason,
+                "prompt_tokens": answer.usage.prompt_tokens,
+                "tokens": answer.usage.completion_tokens,
+                "logprob": logprob_summary(lps),
+                "seconds": round(seconds, 3),
+            }
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+            fh.flush()
+            done[task.id] = row
+            if progress is not None:
+                progress(i + 1, len(todo), row)
+    return done
+
+
+def merge_outcomes(tasks: Iterable[Task], out: Path) -> int:
+    """Join both sides' results into ``out`` (tasks both sides answered); returns the row count."""
+    edge, cloud = _read(side_path(out, "edge")), _read(side_path(out, "cloud"))
+    rows = []
+    for task in tasks:
+        e, c = edge.get(task.id), cloud.get(task.id)
+        if e is None or c is None:
+            continue
+        rows.append({
+            "id": task.id, "suite": task.suite, "difficulty": task.difficulty, "messages": task.messages,
+            "max_tokens": task.max_tokens, "prompt_tokens": e["prompt_tokens"],
+            "edge_pass": e["pass"], "cloud_pass": c["pass"], "edge_tokens": e["tokens"], "cloud_tokens": c["tokens"],
+            "edge_finish": e["finish"], "cloud_finish": c["finish"], "edge_logprob": e["logprob"],
+            "edge_answer": e["answer"], "cloud_answer": c["answer"],
+            "edge_seconds": e["seconds"], "cloud_seconds": c["seconds"],
+        })
+    out.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    return len(rows)
