@@ -16,6 +16,7 @@ re-raised ``from`` the original, so callers never match on message text::
     │   ├── BackendUnavailableError               the runtime is not installed / cannot load
     │   ├── RateLimitedError                      an endpoint answered 429; see retry_after
     │   └── GenerationCancelled                   the caller stopped the stream
+    ├── PrivacyViolationError                     a device-only request cannot run on the device
     └── ConfigError                               bad settings file or environment variable
 """
 
@@ -34,6 +35,7 @@ __all__ = [
     "BackendUnavailableError",
     "RateLimitedError",
     "GenerationCancelled",
+    "PrivacyViolationError",
     "ConfigError",
 ]
 
@@ -121,6 +123,14 @@ class RateLimitedError(BackendError):
 
 class GenerationCancelled(BackendError):
     """The caller stopped a stream before it finished."""
+
+
+class PrivacyViolationError(EdgeCloudError):
+    """A request pinned to the device (privacy=local_only, or PII under pii=edge_only) cannot be
+    served there: the edge is down, or the cloud was asked for explicitly. It is never sent."""
+
+    status_code = 403
+    error_type = "privacy_error"
 
 
 class ConfigError(EdgeCloudError, ValueError):

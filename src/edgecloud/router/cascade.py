@@ -1,0 +1,138 @@
+"""The cascade's confidence check: is the edge's answer good enough, or should the cloud answer?
+
+Token logprobs alone rank the edge's failures barely better than chance on code and arithmetic
+(measured with these models), so the check looks at the answer itself:
+
+* ``examples``: for code, the answer's code runs in the sandbox against the examples the prompt
+  states (doctest lines ``>>> f(2)`` / ``4``, and ``f(2) == 4`` or ``f(2) -> 4`` written in the
+  text). ``True`` all hold, ``False`` one fails or the code does not run, ``None`` no examples.
+* ``truncated``: the answer stopped at ``max_tokens``.
+* ``logprob``: mean, minimum, 10th percentile and tail mean of the answer's token logprobs.
+* ``agreement``: for short answers, the share of a few sampled answers that agree with the
+  greedy one (the caller supplies the samples; computing them costs edge time).
+
+:class:`ConfidenceCheck` turns the signals into ``p(answer is good)``: a logistic model fitted
+on outcome rows (:meth:`ConfidenceCheck.fit`) or, before fitting, a conservative rule
+(escalate on a failed example, a truncated answer, or a mean logprob below ``min_mean_logprob``).
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from .label import logprob_summary
+from .sandbox import run_python
+from .tasks import extract_code
+
+__all__ = ["ConfidenceCheck", "Signals", "prompt_examples", "signals"]
+
+_DOCTEST = re.compile(r"^\s*>>> (.+)\n\s*(?!>>>)(\S.*)$", re.MULTILINE)
+_INLINE = re.compile(r"\b([A-Za-z_]\w*\((?:[^()\n]|\([^()\n]*\))*\))\s*(?:==|->|=>|returns|should return)\s*"
+                     r"([^\n,;]+?)(?=\s*(?:$|\n|;|,\s|\.\s|\.$))", re.MULTILINE)
+
+
+def _is_expr(text: str) -> bool:
+    try:
+        ast.parse(text.strip(), mode="eval")
+        return True
+    except SyntaxError:
+        return False
+
+
+def prompt_examples(prompt: str, limit: int = 8) -> list[tuple[str, str]]:
+    """(call, expected) pairs the prompt states, each a valid Python expression."""
+    pairs: list[tuple[str, str]] = []
+    for call, expected in _DOCTEST.findall(prompt) + _INLINE.findall(prompt):
+        call, expected = call.strip(), expected.strip().rstrip(".")
+        if _is_expr(call) and _is_expr(expected) and (call, expected) not in pairs:
+            pairs.append((call, expected))
+        if len(pairs) >= limit:
+            break
+    return pairs
+
+
+def check_examples(prompt: str, answer: str, *, timeout: float = 5.0) -> bool | None:
+    """Run the answer's code against the prompt's examples: True, False, or None (no examples)."""
+    pairs = prompt_examples(prompt)
+    if not pairs:
+        return None
+    asserts = "\n".join(f"assert ({call}) == ({expected}), {call!r}" for call, expected in pairs)
+    return run_python(f"{extract_code(answer)}\n\n{asserts}\n", timeout=timeout).passed
+
+
+@dataclass(frozen=True)
+class Signals:
+    """What the check knows about one edge answer."""
+
+    examples: bool | None
+    truncated: bool
+    logprob: dict[str, float]
+    agreement: float | None = None
+
+    def vector(self) -> list[float]:
+        lp = self.logprob
+        return [
+            1.0 if self.examples is True else 0.0, 1.0 if self.examples is False else 0.0, float(self.truncated),
+            lp.get("mean", 0.0), lp.get("min", 0.0), lp.get("p10", 0.0), lp.get("tail_mean", 0.0),
+            -1.0 if self.agreement is None else self.agreement,
+        ]
+
+
+SIGNAL_NAMES = ("examples_pass", "examples_fail", "truncated", "lp_mean", "lp_min", "lp_p10", "lp_tail", "agreement")
+
+
+def signals(prompt: str, answer: str, *, finish_reason: str | None, logprobs: Sequence[float] | dict[str, float] = (),
+            samples: Sequence[str] = (), is_code: bool | None = None) -> Signals:
+    """Compute the signals for an edge answer (runs its code in the sandbox when the prompt has examples)."""
+    code = is_code if is_code is not None else ("```" in answer or "def " in answer)
+    examples = check_examples(prompt, answer) if code else None
+    summary = logprobs if isinstance(logprobs, dict) else logprob_summary(list(logprobs))
+    agreement = None
+    if samples:
+        norm = " ".join(answer.split()).casefold()
+        agreement = sum(" ".join(s.split()).casefold() == norm for s in samples) / len(samples)
+    return Signals(examples, finish_reason == "length", dict(summary), agreement)
+
+
+@dataclass
+class ConfidenceCheck:
+    """``p_good(signals)``; ``escalate`` when it is below ``threshold``."""
+
+    threshold: float = 0.5
+    min_mean_logprob: float = -0.35
+    coef: list[float] | None = None
+    intercept: float = 0.0
+    notes: dict[str, Any] = field(default_factory=dict)
+
+    def p_good(self, s: Signals) -> float:
+        if self.coef is None:
+            if s.examples is False or s.truncated:
+                return 0.0
+            if s.examples is True:
+                return 1.0
+            return 1.0 if s.logprob.get("mean", 0.0) >= self.min_mean_logprob else 0.0
+        z = self.intercept + sum(c * v for c, v in zip(self.coef, s.vector()))
+        return 1.0 / (1.0 + math.exp(-max(-30.0, min(30.0, z))))
+
+    def escalate(self, s: Signals) -> bool:
+        return self.p_good(s) < self.threshold
+
+    def fit(self, rows: Sequence[dict[str, Any]], row_signals: Sequence[Signals]) -> ConfidenceCheck:
+        """Fit the logistic model on outcome rows (label: ``edge_pass``) and their signals."""
+        import numpy as np
+        from sklearn.linear_model import LogisticRegression
+
+        x = np.array([s.vector() for s in row_signals])
+        y = np.array([1 if r["edge_pass"] else 0 for r in rows])
+        if y.min() == y.max():
+            raise ValueError("every edge answer has the same outcome; nothing to fit")
+        model = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
+        self.coef = [float(v) for v in model.coef_[0]]
+        self.intercept = float(model.intercept_[0])
+        self.notes = {"fitted_on": len(rows), "signals": list(SIGNAL_NAMES)}
+        return self

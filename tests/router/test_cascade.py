@@ -1,0 +1,58 @@
+"""The cascade's confidence check on real answers' code, run in the sandbox."""
+
+from __future__ import annotations
+
+import random
+
+from edgecloud.router.cascade import ConfidenceCheck, Signals, check_examples, prompt_examples, signals
+
+PROMPT = '''def add(a, b):
+    """Add two numbers.
+    >>> add(2, 3)
+    5
+    >>> add(-1, 1)
+    0
+    """
+Also add(10, 5) == 15.
+'''
+
+
+def test_examples_are_read_from_doctests_and_text() -> None:
+    assert prompt_examples(PROMPT) == [("add(2, 3)", "5"), ("add(-1, 1)", "0"), ("add(10, 5)", "15")]
+    assert prompt_examples("Write a poem about the sea.") == []
+
+
+def test_answers_are_checked_against_the_examples() -> None:
+    good = "```python\ndef add(a, b):\n    return a + b\n```"
+    bad = "```python\ndef add(a, b):\n    return a - b\n```"
+    assert check_examples(PROMPT, good) is True
+    assert check_examples(PROMPT, bad) is False
+    assert check_examples(PROMPT, "```python\ndef add(a, b) return\n```") is False
+    assert check_examples("Write a haiku.", good) is None
+
+
+def test_default_rule_escalates_failures_truncation_and_low_confidence() -> None:
+    check = ConfidenceCheck()
+    good = signals(PROMPT, "```python\ndef add(a, b):\n    return a + b\n```", finish_reason="stop", logprobs=[-2.0])
+    assert good.examples is True and not check.escalate(good)
+    bad = signals(PROMPT, "```python\ndef add(a, b):\n    return a * b\n```", finish_reason="stop", logprobs=[-0.01])
+    assert check.escalate(bad)
+    cut = signals("Explain.", "Because", finish_reason="length", logprobs=[-0.01])
+    assert cut.truncated and check.escalate(cut)
+    assert check.escalate(Signals(None, False, {"mean": -1.2}))
+    assert not check.escalate(Signals(None, False, {"mean": -0.05}))
+    agree = signals("Capital of France?", "Paris", finish_reason="stop", samples=["Paris", " paris", "Lyon"])
+    assert abs(agree.agreement - 2 / 3) < 1e-9
+
+
+def test_fitted_check_learns_which_signal_matters() -> None:
+    rng = random.Random(0)
+    rows, sigs = [], []
+    for _ in range(300):
+        passed = rng.random() < 0.5
+        ex = passed if rng.random() < 0.9 else not passed
+        rows.append({"edge_pass": passed})
+        sigs.append(Signals(ex, False, {"mean": rng.uniform(-1, 0), "min": -3, "p10": -1, "tail_mean": -2}))
+    check = ConfidenceCheck().fit(rows, sigs)
+    assert check.p_good(Signals(True, False, {"mean": -0.5})) > 0.7
+    assert check.p_good(Signals(False, False, {"mean": -0.5})) < 0.3
