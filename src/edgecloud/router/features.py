@@ -24,9 +24,9 @@ from typing import Any
 __all__ = ["FEATURE_NAMES", "DOMAINS", "estimate_tokens", "extract", "hashed_ngrams", "messages_of"]
 
 # Bounded work per request: features look at the head and tail of very long prompts only.
-_SCAN_CHARS = 4_000
+_SCAN_CHARS = 2_400
 #: Hashed n-grams read the last this-many characters of the scanned text (the question sits at the end).
-_NGRAM_CHARS = 2_000
+_NGRAM_CHARS = 1_200
 
 DOMAINS: dict[str, tuple[str, ...]] = {
     "finance": ("invest", "portfolio", "interest rate", "dividend", "tax", "loan", "mortgage", "equity", "bond",
