@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+from ..errors import EdgeCloudError
 from ..router.tasks import SUITES
 
 app = typer.Typer(help="Label, train, evaluate and apply the complexity router.", no_args_is_help=True)
@@ -86,7 +87,10 @@ def score_command(
     import json
     import sys
 
+    from ..router.policy import RoutePolicy
+
     chosen = _scorer(scorer, model)
+    policy = RoutePolicy(scorer=chosen, edge_below=edge_below, cloud_above=cloud_above)
     stream = input_file.open(encoding="utf-8", errors="replace") if input_file else sys.stdin
     with stream:
         for n, line in enumerate(stream, 1):
@@ -100,15 +104,13 @@ def score_command(
                 ident = item.get("id", n)
                 if not isinstance(item.get("messages", item.get("prompt")), (list, str)):
                     raise ValueError("give 'messages' (a list) or 'prompt' (a string)")
-                value = chosen.score(item)
-            except (ValueError, TypeError, AttributeError) as exc:
+                decision = policy.decide(item)
+                value = decision.score if decision.score is not None else chosen.score(item)
+            except (ValueError, TypeError, AttributeError, EdgeCloudError) as exc:
                 typer.echo(json.dumps({"id": ident, "error": f"line {n}: {exc}"}))
                 continue
-            target = "edge" if value < edge_below else "cloud" if value > cloud_above else "edge_then_cloud"
-            reason = f"{chosen.name} score {value:.3f} " + (
-                f"< {edge_below}" if target == "edge" else f"> {cloud_above}" if target == "cloud"
-                else f"in [{edge_below}, {cloud_above}]: edge first, cloud if the answer looks wrong")
-            typer.echo(json.dumps({"id": ident, "score": round(value, 4), "target": target, "reason": reason}))
+            target = "edge_then_cloud" if decision.cascade else decision.target
+            typer.echo(json.dumps({"id": ident, "score": round(value, 4), "target": target, "reason": decision.reason}))
 
 
 @app.command("eval")

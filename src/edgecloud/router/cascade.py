@@ -27,7 +27,7 @@ from typing import Any
 
 from .label import logprob_summary
 from .sandbox import run_python
-from .tasks import extract_code
+from .tasks import extract_code, normalise
 
 __all__ = ["ConfidenceCheck", "Signals", "prompt_examples", "signals"]
 
@@ -94,8 +94,8 @@ def signals(prompt: str, answer: str, *, finish_reason: str | None, logprobs: Se
     summary = logprobs if isinstance(logprobs, dict) else logprob_summary(list(logprobs))
     agreement = None
     if samples:
-        norm = " ".join(answer.split()).casefold()
-        agreement = sum(" ".join(s.split()).casefold() == norm for s in samples) / len(samples)
+        norm = normalise(answer)
+        agreement = sum(normalise(s) == norm for s in samples) / len(samples)
     return Signals(examples, finish_reason == "length", dict(summary), agreement)
 
 

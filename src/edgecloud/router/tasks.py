@@ -30,7 +30,7 @@ from typing import Any, Literal
 from ..errors import ConfigError
 from .sandbox import run_python
 
-__all__ = ["SUITES", "Task", "extract_code", "grade", "load_tasks"]
+__all__ = ["SUITES", "Task", "extract_code", "grade", "load_tasks", "normalise"]
 
 SUITES = ("humaneval", "code", "math", "facts", "long")
 Grader = Literal["program", "number", "text"]
@@ -82,7 +82,8 @@ def _last_number(text: str) -> float | None:
         return None
 
 
-def _normalise(text: str) -> str:
+def normalise(text: str) -> str:
+    """Case-folded, whitespace-collapsed text (for comparing short answers)."""
     return " ".join(text.casefold().split())
 
 
@@ -92,8 +93,8 @@ def grade(task: Task, answer: str, *, timeout: float = 10.0) -> bool:
         got = _last_number(answer)
         return got is not None and abs(got - float(task.check["answer"])) < 1e-6
     if task.grader == "text":
-        said = _normalise(answer)
-        return any(_normalise(a) in said for a in task.check["answers"])
+        said = normalise(answer)
+        return any(normalise(a) in said for a in task.check["answers"])
     program = "\n\n".join([task.check.get("before", ""), extract_code(answer), task.check["tests"]])
     return run_python(program, timeout=timeout).passed
 
