@@ -26,7 +26,11 @@ def label_command(
     cloud_model: str = typer.Option(DEFAULT_CLOUD, "--cloud-model", help="The cloud model (name or .gguf path)."),
     threads: int = typer.Option(0, "--threads", min=0, help="llama.cpp threads (0: physical cores)."),
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N tasks (after the seeded shuffle)."),
-    n_ctx: int = typer.Option(8192, "--ctx", min=512, help="Context size for both models."),
+    n_ctx: int = typer.Option(8192, "--ctx", min=512, help="Context size per sequence."),
+    parallel: int = typer.Option(
+        1, "--parallel", min=1, max=64,
+        help="Sequences decoded together (batched llama.cpp; ~3x throughput at 8 on CPU). 1: one at a time.",
+    ),
 ) -> None:
     """Run both models greedily on the task suites, grade every answer, write the outcome file.
 
@@ -34,6 +38,7 @@ def label_command(
     the outcome file joins the tasks both sides have answered.
     """
     from ..edge.llamacpp import LlamaCppBackend
+    from ..edge.llamacpp_batch import BatchedGreedy
     from ..router.label import label_side, merge_outcomes
     from ..router.tasks import load_tasks
 
@@ -45,10 +50,14 @@ def label_command(
     for side in [s.strip() for s in sides.split(",") if s.strip()]:
         if side not in models:
             raise typer.BadParameter(f"unknown side {side!r}; use edge and/or cloud", param_hint="--sides")
-        backend = LlamaCppBackend(models[side], n_ctx=n_ctx, n_threads=threads or None, reuse_prefix=False)
+        source: LlamaCppBackend | BatchedGreedy
+        if parallel > 1:
+            source = BatchedGreedy(models[side], parallel=parallel, n_ctx=n_ctx * parallel, threads=threads)
+        else:
+            source = LlamaCppBackend(models[side], n_ctx=n_ctx, n_threads=threads or None, reuse_prefix=False)
         columns = (TextColumn(f"[bold]{side}[/] {models[side]}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[passed]} passed"), TimeElapsedColumn(), TimeRemainingColumn())
-        with backend, Progress(*columns, transient=False) as bar:
+        with source, Progress(*columns, transient=False) as bar:
             job = bar.add_task(side, total=None, passed=0)
             passed = 0
 
@@ -57,7 +66,7 @@ def label_command(
                 passed += bool(row["pass"])
                 bar.update(job, completed=done, total=total, passed=passed)
 
-            rows = label_side(backend, tasks, out, side, progress=step)
+            rows = label_side(source, tasks, out, side, progress=step)
         typer.echo(f"{side}: {sum(r['pass'] for r in rows.values())}/{len(rows)} passed", err=True)
     count = merge_outcomes(tasks, out)
     typer.echo(f"{out}: {count} tasks answered by both sides", err=True)
