@@ -44,7 +44,7 @@ def test_privacy_pin_is_reported(client: EdgeCloud) -> None:
 
 
 def test_cloud_route_without_cloud_is_a_clear_error(client: EdgeCloud) -> None:
-    with pytest.raises(BackendUnavailableError, match="no cloud endpoint"):
+    with pytest.raises(InvalidRequestError, match="no cloud endpoint"):
         client.chat.completions.create(messages=QUESTION, route="cloud")
 
 

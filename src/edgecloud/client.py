@@ -1,10 +1,18 @@
 """EdgeCloud / AsyncEdgeCloud: the OpenAI-shaped client app developers use.
 
-``client.chat.completions.create(messages=..., stream=...)`` builds a validated
-:class:`~edgecloud.types.ChatRequest`, picks a backend and returns the same shapes as the
-``openai`` client plus ``route``. This first version knows one side, the on-device
-llama.cpp runtime; the router, the cloud backend and fallback plug in behind the same
-``create`` (the ``_pick`` step) without changing its signature.
+``client.chat.completions.create(messages=..., stream=..., route=..., privacy=...)`` validates
+the request (bad input raises :class:`~edgecloud.errors.InvalidRequestError` before any
+backend runs), then :class:`~edgecloud.hybrid.Hybrid` routes it to the device or the cloud,
+falls back between them (also mid-stream), and prices it. Answers have the ``openai``
+client's shapes plus ``route`` (target, backend, reason, score, fallbacks) and ``cost``; in a
+stream every chunk carries the current ``route`` and the last one ``usage`` and ``cost``.
+
+Configuration comes from the arguments, then ``EDGECLOUD_*`` environment variables, then
+``edgecloud.toml`` (see :mod:`edgecloud.config`)::
+
+    with EdgeCloud(cloud_base_url="http://127.0.0.1:8000", cloud_model="qwen2.5-coder-1.5b-instruct-q4") as client:
+        answer = client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}])
+        print(answer.text, answer.route.target, answer.cost.usd)
 """
 
 from __future__ import annotations
@@ -14,81 +22,91 @@ from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
 from .backend import Backend
-from .errors import BackendUnavailableError
-from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, collect_chunks
+from .config import EdgeCloudSettings
+from .hybrid import Hybrid, settings_from
+from .observability.client_metrics import ClientMetrics
+from .router.policy import RoutePolicy
+from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, collect_chunks
 
 __all__ = ["EdgeCloud", "AsyncEdgeCloud", "DEFAULT_EDGE_MODEL"]
 
 DEFAULT_EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+_UNSET: Any = object()
 
 
 class _BaseEdgeCloud:
-    """Everything without I/O: request building, backend choice, route stamping."""
+    """Everything without I/O: settings, request building, the hybrid engine."""
 
     def __init__(
         self,
-        edge_model: str | os.PathLike[str] | None = DEFAULT_EDGE_MODEL,
+        edge_model: str | os.PathLike[str] | None = _UNSET,
         *,
+        cloud_base_url: str | Sequence[str] | None = None,
+        cloud_model: str | None = None,
+        cloud_api_key: str | None = None,
+        config: str | os.PathLike[str] | Mapping[str, Any] | EdgeCloudSettings | None = None,
         edge_backend: Backend | None = None,
+        cloud_backends: Sequence[Backend] | None = None,
+        policy: RoutePolicy | None = None,
+        metrics: ClientMetrics | None = None,
+        tracer_provider: Any = None,
         n_ctx: int | None = None,
         device: str = "this",
     ) -> None:
-        self._edge_model = edge_model
-        self._edge_options: dict[str, Any] = {"n_ctx": n_ctx, "device": device}
-        self._edge: Backend | None = edge_backend
+        overrides: dict[str, Any] = {
+            "cloud_base_url": [cloud_base_url] if isinstance(cloud_base_url, str) else cloud_base_url,
+            "cloud_model": cloud_model,
+            "cloud_api_key": cloud_api_key,
+            "n_ctx": n_ctx,
+        }
+        settings = settings_from(config, **overrides)
+        if edge_model is not _UNSET:  # None is meaningful here: no edge model at all
+            settings = settings.model_copy(update={"edge_model": None if edge_model is None else str(edge_model)})
+        self.settings = settings
+        self.hybrid = Hybrid(settings, edge_backend=edge_backend, cloud_backends=cloud_backends, policy=policy,
+                             metrics=metrics, tracer_provider=tracer_provider, device=device)
 
     @property
-    def edge(self) -> Backend:
-        """The on-device backend (loaded on first use)."""
-        if self._edge is None:
-            if self._edge_model is None:
-                raise BackendUnavailableError("no edge model configured; pass edge_model=NAME_OR_PATH")
-            from .edge.llamacpp import LlamaCppBackend
+    def edge(self) -> Backend | None:
+        """The on-device backend (loaded on first use), None without an edge model."""
+        return self.hybrid.edge
 
-            self._edge = LlamaCppBackend(self._edge_model, **self._edge_options)
-        return self._edge
+    @property
+    def metrics(self) -> ClientMetrics:
+        """This client's Prometheus series (serve them with ``start_metrics_server(metrics=...)``)."""
+        return self.hybrid.metrics
+
+    def stats(self) -> dict[str, Any]:
+        """Requests per side, fallbacks, cost, cloud-equivalent cost and the saving, since start."""
+        return self.hybrid.stats()
 
     def _build(self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatRequest:
         fields = {k: v for k, v in params.items() if v is not None}
-        return ChatRequest(messages=[m if isinstance(m, ChatMessage) else dict(m) for m in messages], **fields)
-
-    def _pick(self, request: ChatRequest) -> tuple[Backend, RouteInfo]:
-        if request.route == "cloud":
-            raise BackendUnavailableError(
-                "route='cloud' was asked but no cloud endpoint is configured; use route='auto' or 'edge'"
-            )
-        reason = "edge only: no cloud endpoint configured"
-        if request.privacy == "local_only":
-            reason = "privacy=local_only pins the request to the device"
-        elif request.route == "edge":
-            reason = "route='edge' requested"
-        backend = self.edge
-        return backend, RouteInfo(target="edge", backend=backend.name, reason=reason)
-
-
-def _stamp(chunk: ChatCompletionChunk, route: RouteInfo) -> ChatCompletionChunk:
-    chunk.route = route
-    return chunk
+        request = ChatRequest(messages=[m if isinstance(m, ChatMessage) else dict(m) for m in messages], **fields)
+        self.hybrid.check(request)
+        return request
 
 
 class _Completions:
-    def __init__(self, client: "EdgeCloud") -> None:
+    def __init__(self, client: EdgeCloud) -> None:
         self._client = client
 
     def create(
         self, *, messages: Sequence[ChatMessage | Mapping[str, Any]], stream: bool = False, **params: Any
     ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
-        """OpenAI-shaped chat completion; ``stream=True`` returns an iterator of chunks."""
+        """OpenAI-shaped chat completion; ``stream=True`` returns an iterator of chunks.
+
+        Besides the OpenAI fields: ``route="auto"|"edge"|"cloud"`` and
+        ``privacy="default"|"local_only"``.
+        """
         request = self._client._build(messages, stream=stream, **params)
-        backend, route = self._client._pick(request)
-        chunks = (_stamp(c, route) for c in backend.stream(request))
         if stream:
-            return chunks
-        return collect_chunks(chunks)
+            return self._client.hybrid.stream(request)
+        return self._client.hybrid.complete(request)
 
 
 class _AsyncCompletions:
-    def __init__(self, client: "AsyncEdgeCloud") -> None:
+    def __init__(self, client: AsyncEdgeCloud) -> None:
         self._client = client
 
     async def create(
@@ -96,15 +114,9 @@ class _AsyncCompletions:
     ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
         """Async twin of ``EdgeCloud.chat.completions.create``."""
         request = self._client._build(messages, stream=stream, **params)
-        backend, route = self._client._pick(request)
-
-        async def chunks() -> AsyncIterator[ChatCompletionChunk]:
-            async for chunk in backend.astream(request):
-                yield _stamp(chunk, route)
-
         if stream:
-            return chunks()
-        return collect_chunks([c async for c in chunks()])
+            return self._client.hybrid.astream(request)
+        return collect_chunks([c async for c in self._client.hybrid.astream(request)])
 
 
 class _Chat:
@@ -120,10 +132,10 @@ class EdgeCloud(_BaseEdgeCloud):
         self.chat = _Chat(_Completions(self))
 
     def close(self) -> None:
-        if self._edge is not None:
-            self._edge.close()
+        """Unload the edge model and close the cloud connections."""
+        self.hybrid.close()
 
-    def __enter__(self) -> "EdgeCloud":
+    def __enter__(self) -> EdgeCloud:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,10 +150,10 @@ class AsyncEdgeCloud(_BaseEdgeCloud):
         self.chat = _Chat(_AsyncCompletions(self))
 
     async def aclose(self) -> None:
-        if self._edge is not None:
-            await self._edge.aclose()
+        """Unload the edge model and close the cloud connections."""
+        await self.hybrid.aclose()
 
-    async def __aenter__(self) -> "AsyncEdgeCloud":
+    async def __aenter__(self) -> AsyncEdgeCloud:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

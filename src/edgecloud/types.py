@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import InvalidRequestError
 
@@ -162,6 +162,11 @@ class ChatRequest(_Validated):
     user: str | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens (benchmarks, load tests).
     ignore_eos: bool = False
+    #: vLLM's extension: the last message is a partial assistant answer to continue (no new
+    #: turn is opened); the fallback uses it to finish a stream another backend started.
+    continue_final_message: bool = False
+    #: vLLM's companion flag; only ``False`` (with ``continue_final_message``) is meaningful.
+    add_generation_prompt: bool = True
     # edgecloud extensions
     route: Literal["auto", "edge", "cloud"] = "auto"
     privacy: Literal["default", "local_only"] = "default"
@@ -184,6 +189,15 @@ class ChatRequest(_Validated):
     @classmethod
     def _stop_strings(cls, stop: Any) -> Any:
         return check_stop(stop)
+
+    @model_validator(mode="after")
+    def _continuation(self) -> "ChatRequest":
+        if self.continue_final_message:
+            if self.messages[-1].role != "assistant" or not self.messages[-1].content:
+                raise ValueError("continue_final_message needs a non-empty assistant message last")
+            if "add_generation_prompt" in self.model_fields_set and self.add_generation_prompt:
+                raise ValueError("continue_final_message and add_generation_prompt cannot both be true")
+        return self
 
     @property
     def stop_sequences(self) -> list[str]:
@@ -217,6 +231,20 @@ class RouteInfo(BaseModel):
     reason: str = ""
     score: float | None = None
     fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CostInfo(BaseModel):
+    """What a request cost (edgecloud's extension), in US dollars from the configured prices."""
+
+    #: What this request cost where it ran (cloud tokens, edge device seconds).
+    usd: float = 0.0
+    #: What the same tokens would have cost on the cloud.
+    cloud_equivalent_usd: float = 0.0
+    #: ``cloud_equivalent_usd - usd``: the saving of running (part of) it on the device.
+    saved_usd: float = 0.0
+    edge_seconds: float = 0.0
+    cloud_input_tokens: int = 0
+    cloud_output_tokens: int = 0
 
 
 class TopLogprob(BaseModel):
@@ -256,6 +284,7 @@ class ChatCompletion(BaseModel):
     choices: list[Choice]
     usage: Usage = Field(default_factory=Usage)
     route: RouteInfo | None = None
+    cost: CostInfo | None = None
 
     @property
     def text(self) -> str:
@@ -283,6 +312,7 @@ class ChatCompletionChunk(BaseModel):
     choices: list[ChunkChoice] = Field(default_factory=list)
     usage: Usage | None = None
     route: RouteInfo | None = None
+    cost: CostInfo | None = None
 
     @property
     def text(self) -> str:
@@ -305,9 +335,11 @@ def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
     usage = Usage()
     first: ChatCompletionChunk | None = None
     route: RouteInfo | None = None
+    cost: CostInfo | None = None
     for chunk in chunks:
         first = first or chunk
         route = chunk.route or route
+        cost = chunk.cost or cost
         if chunk.usage is not None:
             usage = chunk.usage
         for choice in chunk.choices:
@@ -333,6 +365,7 @@ def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
         ],
         usage=usage,
         route=route,
+        cost=cost,
     )
 
 

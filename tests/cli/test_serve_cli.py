@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
 import time
@@ -13,10 +12,7 @@ import pytest
 from openai import OpenAI
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from faults import free_port as _free_port  # noqa: E402
 
 
 @pytest.mark.parametrize("runtime", ["llamacpp", "torch"])

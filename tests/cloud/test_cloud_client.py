@@ -10,7 +10,6 @@ import asyncio
 import contextlib
 import email.utils
 import json
-import socket
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
@@ -38,6 +37,7 @@ from edgecloud.errors import (
     RateLimitedError,
 )
 from edgecloud.types import ChatCompletionChunk, ChatRequest, collect_chunks
+from faults import USAGE, free_port, ScriptedServer, event, json_reply, sse_reply
 
 MODEL = "smollm2-test"
 KEY = "sk-test-key"
@@ -45,12 +45,6 @@ QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
 STORY_TOKENS = 120
 GREEDY = ChatRequest(messages=QUESTION, max_tokens=16, temperature=0)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _drain(backend: CloudBackend, request: ChatRequest, mode: str) -> tuple[list[ChatCompletionChunk], Exception | None]:
@@ -92,7 +86,7 @@ def edge_backend(smollm2_path: Path) -> Iterator[LlamaCppBackend]:
 def server_url(edge_backend: LlamaCppBackend) -> Iterator[str]:
     """``edgecloud serve``'s app on a real uvicorn (bare URL, no /v1)."""
     app = create_app(edge_backend, model_name=MODEL, api_key=KEY)
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=_free_port(), log_level="warning"))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     deadline = time.monotonic() + 30
@@ -190,7 +184,7 @@ def test_unknown_model(server_url: str) -> None:
 
 def test_load_checks_the_endpoint(cloud: CloudBackend) -> None:
     cloud.load()
-    down = CloudBackend(f"http://127.0.0.1:{_free_port()}", MODEL)  # constructing never connects
+    down = CloudBackend(f"http://127.0.0.1:{free_port()}", MODEL)  # constructing never connects
     with down, pytest.raises(BackendUnavailableError, match="cannot connect"):
         down.load()
 
@@ -236,99 +230,6 @@ def test_closing_the_stream_stops_generation(
 
 # ------------------------------------------------------------------ fault injection
 
-Reply = Callable[[asyncio.StreamWriter], Awaitable[None]]
-
-
-class ScriptedServer:
-    """A raw HTTP/1.1 server on loopback answering each request with the next scripted reply
-    (the last one repeats). Records when each request came and what it carried."""
-
-    def __init__(self) -> None:
-        self.replies: list[Reply] = []
-        self.hits: list[float] = []
-        self.requests: list[tuple[str, dict[str, str], Any]] = []
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
-        self._thread.start()
-        start = asyncio.start_server(self._handle, "127.0.0.1", 0)
-        self._server = asyncio.run_coroutine_threadsafe(start, self._loop).result(10)
-        self.url = f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
-
-    def script(self, *replies: Reply) -> None:
-        self.replies, self.hits, self.requests = list(replies), [], []
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
-            headers = {k.strip().lower(): v.strip() for k, _, v in (line.partition(":") for line in head[1:] if line)}
-            body = await reader.readexactly(int(headers.get("content-length", 0)))
-            self.hits.append(time.monotonic())
-            self.requests.append((head[0], headers, json.loads(body) if body else None))
-            reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
-            await reply(writer)
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
-
-    def close(self) -> None:
-        async def stop() -> None:
-            self._server.close()
-            await self._server.wait_closed()
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
-
-
-def json_reply(status: int, payload: Any, headers: dict[str, str] | None = None) -> Reply:
-    async def reply(writer: asyncio.StreamWriter) -> None:
-        body = json.dumps(payload).encode()
-        extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-        writer.write(head.encode() + body)
-        await writer.drain()
-
-    return reply
-
-
-def sse_reply(*events: str, cut: bool = False, stall: float = 0.0) -> Reply:
-    """A chunked event stream; ``cut`` drops the connection before the last chunk of the body,
-    ``stall`` waits that long after the events (a stuck server)."""
-
-    async def reply(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        for event in events:
-            data = event.encode()
-            writer.write(b"%x\r\n%s\r\n" % (len(data), data))
-            await writer.drain()
-        await asyncio.sleep(stall)
-        if not cut:
-            writer.write(b"0\r\n\r\n")
-            await writer.drain()
-
-    return reply
-
-
-def event(text: str | None = None, finish: str | None = None, **extra: Any) -> str:
-    delta = {"content": text} if text is not None else {"role": "assistant", "content": ""}
-    choice = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
-    chunk = {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [choice]}
-    return f"data: {json.dumps({**chunk, **extra})}\n\n"
-
-
-USAGE = (
-    'data: {"id": "chatcmpl-x", "object": "chat.completion.chunk", "created": 1, "model": "m", "choices": [], '
-    '"usage": {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7, '
-    '"prompt_tokens_details": {"cached_tokens": 3}}}\n\n'
-)
 DONE = "data: [DONE]\n\n"
 ANSWER = (event(), event("Hel"), event("lo"), event(finish="stop", text=""), USAGE, DONE)
 ERROR = {"error": {"message": "the engine is warming up", "type": "server_error", "param": None, "code": None}}
@@ -504,7 +405,7 @@ def test_read_timeout(scripted: ScriptedServer) -> None:
 
 @pytest.mark.parametrize("mode", ["sync", "async"])
 def test_connection_refused(mode: str) -> None:
-    url = f"http://127.0.0.1:{_free_port()}"  # nothing listens there
+    url = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     chunks, error = _drain(fast(url, max_retries=1), GREEDY, mode)
     assert isinstance(error, BackendUnavailableError) and url in str(error) and "after 2 attempts" in str(error)
     assert not chunks

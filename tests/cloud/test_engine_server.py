@@ -8,7 +8,6 @@ official ``openai`` client, our ``CloudBackend`` and raw httpx for exact status 
 from __future__ import annotations
 
 import re
-import socket
 import subprocess
 import sys
 import time
@@ -31,10 +30,7 @@ AUTH = {"Authorization": f"Bearer {KEY}"}
 HELLO = [{"role": "user", "content": "Write a Python function that returns the square of x."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from faults import free_port as _free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")

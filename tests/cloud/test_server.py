@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -33,10 +32,7 @@ KEY = "sk-test-key"
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+from faults import free_port as _free_port  # noqa: E402
 
 
 @pytest.fixture(scope="module")

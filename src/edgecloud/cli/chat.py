@@ -1,8 +1,10 @@
 """``edgecloud chat``: an interactive streaming REPL, or one answer with ``--prompt``.
 
-One-shot mode prints only the answer on stdout (stats go to stderr) so it composes in
-pipelines. The REPL keeps the conversation (the edge runtime reuses its KV prefix turn after
-turn), streams with rich, and Ctrl-C stops the current answer, not the program.
+One-shot mode prints only the answer on stdout (where it ran, why, speed and cost go to
+stderr) so it composes in pipelines. The REPL keeps the conversation (the edge runtime
+reuses its KV prefix turn after turn), streams with rich, tags each answer with its route in
+a dim footer, and Ctrl-C stops the current answer, not the program. With ``--cloud-url`` the
+router picks edge or cloud per question (``--route`` pins it); ``/stats`` shows the totals.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
-_HELP = "/reset clears the conversation · /stats shows the last answer's speed · /exit quits · Ctrl-C stops an answer"
+_HELP = ("/reset clears the conversation · /stats shows speed, routes and cost · /exit quits · "
+         "Ctrl-C stops an answer")
 
 
 @dataclass
@@ -36,6 +39,7 @@ class TurnStats:
     chars: int = 0
     finish_reason: str | None = None
     route: RouteInfo | None = None
+    cost_usd: float | None = None
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -49,12 +53,17 @@ class TurnStats:
         tps = self.decode_tokens_per_s
         speed = f"{tps:.1f} tok/s" if tps is not None else "-"
         u = self.usage
-        where = f"{self.route.target}/{self.route.backend}" if self.route else "-"
+        where = "-"
+        if self.route is not None:
+            where = f"{self.route.target}/{self.route.backend} ({self.route.reason})"
+            for f in self.route.fallbacks:
+                where += f" · fell back {f['from']}→{f['to']} ({f['cause']}, after {f['at_chars']} chars)"
         if u is None:  # stopped before the final chunk: no token counts
             return f"{where} · TTFT {ttft} · {self.chars} characters before it stopped · finish {self.finish_reason}"
+        cost = f" · ${self.cost_usd:.6f}" if self.cost_usd else ""
         return (
             f"{where} · TTFT {ttft} · {speed} · {u.completion_tokens} tokens out · "
-            f"{u.prompt_tokens} prompt ({u.cached_tokens} cached) · finish {self.finish_reason}"
+            f"{u.prompt_tokens} prompt ({u.cached_tokens} cached) · finish {self.finish_reason}{cost}"
         )
 
 
@@ -91,6 +100,8 @@ def _take(
         stats.usage = chunk.usage
     if chunk.route is not None:
         stats.route = chunk.route
+    if chunk.cost is not None:
+        stats.cost_usd = chunk.cost.usd
     for choice in chunk.choices:
         if choice.finish_reason is not None:
             stats.finish_reason = choice.finish_reason
@@ -105,48 +116,61 @@ def chat_command(
     device: str = typer.Option("this", "--device", help="Device profile the memory plan is made for."),
     ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the planner's choice)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
+    route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
+    cloud_url: list[str] = typer.Option(
+        [], "--cloud-url", help="OpenAI-compatible endpoint (repeat for fallbacks; or EDGECLOUD_CLOUD_BASE_URL)."
+    ),
+    cloud_model: str | None = typer.Option(None, "--cloud-model", help="Model the endpoint serves."),
+    cloud_key: str | None = typer.Option(
+        None, "--cloud-key", envvar="EDGECLOUD_CLOUD_API_KEY", help="API key for the endpoint.", show_default=False
+    ),
 ) -> None:
-    """Chat with a model on this machine."""
+    """Chat: on this machine, or routed per question between it and a cloud endpoint."""
     err = Console(stderr=True)
-    client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device)
+    if route not in ("auto", "edge", "cloud"):
+        raise typer.BadParameter(f"{route!r} is not a route; use auto, edge or cloud", param_hint="--route")
+    try:
+        client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
+                           cloud_model=cloud_model, cloud_api_key=cloud_key)
+    except EdgeCloudError as exc:
+        err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
+        raise typer.Exit(2) from None
     try:
         # Load (and pull on first use, with a progress bar) before the first prompt.
         # Pull (with its progress bar) and verify before the spinner: rich shows one live
         # display at a time.
         resolve_model(model, pull=True)
+        edge = client.edge
+        assert edge is not None  # --model always names one
         if prompt is None:
             with err.status(f"loading {model}…", spinner="dots"):
-                client.edge.load()
+                edge.load()
         else:
-            client.edge.load()
+            edge.load()
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     history: list[ChatMessage] = [ChatMessage(role="system", content=system)] if system else []
+    params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "route": route}
     with client:
         if prompt is not None:
-            _one_shot(client, history, prompt, max_tokens, temperature, seed, err)
+            _one_shot(client, history, prompt, params, err)
         else:
-            _repl(client, history, model, max_tokens, temperature, seed, err)
+            _repl(client, history, model, params, err)
 
 
-def _params(max_tokens: int | None, temperature: float, seed: int | None) -> dict[str, Any]:
-    return {"max_tokens": max_tokens, "temperature": temperature, "seed": seed}
+def _totals(client: EdgeCloud) -> str:
+    t = client.stats()
+    return (f"{t['requests']} answers: {t['edge_requests']} on the edge, {t['cloud_requests']} on the cloud, "
+            f"{t['fallbacks']} fallbacks · cost ${t['cost_usd']:.6f} · saved ${t['saved_usd']:.6f} "
+            f"vs all-cloud ({t['saved_pct']:.0f}%)")
 
 
-def _one_shot(
-    client: EdgeCloud,
-    history: list[ChatMessage],
-    prompt: str,
-    max_tokens: int | None,
-    temperature: float,
-    seed: int | None,
-    err: Console,
-) -> None:
+def _one_shot(client: EdgeCloud, history: list[ChatMessage], prompt: str, params: dict[str, Any], err: Console) -> None:
     try:
         messages = [*history, ChatMessage(role="user", content=prompt)]
         write = lambda t: (sys.stdout.write(t), sys.stdout.flush())  # noqa: E731
-        _, stats = stream_answer(client, messages, _params(max_tokens, temperature, seed), write)
+        _, stats = stream_answer(client, messages, params, write)
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -155,17 +179,10 @@ def _one_shot(
     err.print(f"[dim]{stats.line()}[/dim]", soft_wrap=True)
 
 
-def _repl(
-    client: EdgeCloud,
-    history: list[ChatMessage],
-    model: str,
-    max_tokens: int | None,
-    temperature: float,
-    seed: int | None,
-    err: Console,
-) -> None:
+def _repl(client: EdgeCloud, history: list[ChatMessage], model: str, params: dict[str, Any], err: Console) -> None:
     out = Console(highlight=False)
-    out.print(f"[bold]edgecloud chat[/bold] · {model} · on this device\n[dim]{_HELP}[/dim]")
+    where = "on this device" if not client.settings.cloud_base_url else f"routed: {model} ⇄ {client.settings.cloud_model}"
+    out.print(f"[bold]edgecloud chat[/bold] · {model} · {where}\n[dim]{_HELP}[/dim]")
     last: TurnStats | None = None
     while True:
         try:
@@ -186,7 +203,7 @@ def _repl(
             out.print("[dim]conversation cleared[/dim]")
             continue
         if text == "/stats":
-            out.print(f"[dim]{last.line() if last else 'no answer yet'}[/dim]", soft_wrap=True)
+            out.print(f"[dim]{last.line() if last else 'no answer yet'}\n{_totals(client)}[/dim]", soft_wrap=True)
             continue
         if text in ("/help", "/?"):
             out.print(f"[dim]{_HELP}[/dim]")
@@ -195,7 +212,8 @@ def _repl(
         out.print("[bold cyan]ai›[/bold cyan] ", end="")
         try:
             answer, last = stream_answer(
-                client, history, _params(max_tokens, temperature, seed), lambda t: out.print(t, end="", markup=False)
+                client, history, params,
+                lambda t: out.print(t, end="", markup=False),
             )
         except EdgeCloudError as exc:
             history.pop()
@@ -204,4 +222,5 @@ def _repl(
         out.print()
         if last.finish_reason == "cancelled":
             out.print("[dim](stopped)[/dim]")
+        out.print(f"[dim]{last.line()}[/dim]", soft_wrap=True)
         history.append(ChatMessage(role="assistant", content=answer))

@@ -409,6 +409,8 @@ class CloudBackend(Backend):
             if message.get("role") == "developer":  # not every server's chat template knows it
                 message["role"] = "system"
         body.update(model=self.model, stream=True, stream_options={"include_usage": True})
+        if request.continue_final_message:  # vLLM (and edgecloud serve) want both flags
+            body["add_generation_prompt"] = False
         return body
 
     def _reader(self) -> _EventReader:

@@ -251,7 +251,7 @@ class TorchEngineBackend(Backend):
         scheduler = self.scheduler
         if isinstance(request, ChatRequest):
             self._check_supported(request)
-            prompt = self._tokenizer.encode_chat(request.message_dicts())
+            prompt = self._tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
         else:
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
             prompt = self._tokenizer.encode(request.text, add_bos=True)

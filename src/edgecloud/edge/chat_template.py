@@ -128,6 +128,31 @@ class ChatTemplate:
                 f"the model's chat template failed on this conversation: {exc}", param="messages"
             ) from exc
 
+    def prompt(self, messages: Sequence[dict[str, str]], *, continue_final: bool = False) -> str:
+        """The text a model is given: a new assistant turn opened, or, with ``continue_final``,
+        the last (assistant) message left open so generation continues it (vLLM's
+        ``continue_final_message``): the conversation is rendered as it is and cut right
+        after that message's text, dropping the end-of-turn the template adds.
+        """
+        if not continue_final:
+            return self.render(messages, add_generation_prompt=True)
+        partial = messages[-1]["content"] if messages else ""
+        if not messages or messages[-1]["role"] != "assistant" or not partial:
+            raise InvalidRequestError(
+                "continue_final_message needs a non-empty assistant message last", param="messages"
+            )
+        text = self.render(messages, add_generation_prompt=False)
+        end = text.rfind(partial)
+        if end < 0:  # the template rewrote the message (e.g. stripped it): match it stripped
+            partial = partial.strip()
+            end = text.rfind(partial)
+        if end < 0:
+            raise InvalidRequestError(
+                "this model's chat template does not keep the assistant text verbatim, so it cannot be continued",
+                param="messages",
+            )
+        return text[: end + len(partial)]
+
     def fixed_prefix_tokens(self, tokenize: Callable[[str], list[int]]) -> list[int]:
         """Tokens every single-user-turn conversation starts with (e.g. a default system prompt)."""
         return self.next_turn_prefix_tokens(tokenize, [])

@@ -128,6 +128,22 @@ def _physical_cores() -> int:
     return max(1, int(detect_device().cpu_threads))
 
 
+def token_piece(lib: Any, vocab: Any, token: int) -> bytes:
+    """The bytes llama.cpp renders for ``token`` (special tokens as empty)."""
+    buf = ctypes.create_string_buffer(64)
+    n = lib.llama_token_to_piece(vocab, token, buf, 64, 0, False)
+    if n < 0:
+        buf = ctypes.create_string_buffer(-n)
+        n = lib.llama_token_to_piece(vocab, token, buf, -n, 0, False)
+    return buf.raw[:n]
+
+
+def log_partition(logits: npt.NDArray[np.single]) -> float:
+    """``log(sum(exp(logits)))``, computed stably: a token's logprob is its logit minus this."""
+    peak = float(logits.max())
+    return peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
+
+
 def _import_llama_cpp() -> Any:
     try:
         import llama_cpp
@@ -343,20 +359,14 @@ class LlamaCppBackend(SerialBackend):
     def _tokenize(self, text: str) -> list[int]:
         return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def _encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def _encode_chat(self, messages: list[dict[str, str]], *, continue_final: bool = False) -> list[int]:
         assert self._template is not None
-        return self._tokenize(self._template.render(messages, add_generation_prompt=True))
+        return self._tokenize(self._template.prompt(messages, continue_final=continue_final))
 
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
         if piece is None:
-            buf = ctypes.create_string_buffer(64)
-            n = self._lib.llama_token_to_piece(self._vocab, token, buf, 64, 0, False)
-            if n < 0:
-                buf = ctypes.create_string_buffer(-n)
-                n = self._lib.llama_token_to_piece(self._vocab, token, buf, -n, 0, False)
-            piece = buf.raw[:n]
-            self._pieces[token] = piece
+            piece = self._pieces[token] = token_piece(self._lib, self._vocab, token)
         return piece
 
     def _forget_context(self) -> None:
@@ -510,8 +520,7 @@ class LlamaCppBackend(SerialBackend):
 
     def _logprob_entry(self, logits: npt.NDArray[np.single], token: int, top_n: int) -> TokenLogprob:
         """Logprob of ``token`` (and the ``top_n`` best alternatives) under the model's distribution."""
-        peak = float(logits.max())
-        log_z = peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
+        log_z = log_partition(logits)
         piece = self._piece(token)
         tops: list[TopLogprob] = []
         if top_n:
@@ -544,7 +553,7 @@ class LlamaCppBackend(SerialBackend):
             llm = self._ensure_loaded()
             self._started += 1
             messages = request.message_dicts()
-            prompt = self._encode_chat(messages)
+            prompt = self._encode_chat(messages, continue_final=request.continue_final_message)
             if len(prompt) + 1 > self.n_ctx:
                 raise ContextOverflowError(
                     len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
@@ -642,5 +651,9 @@ class LlamaCppBackend(SerialBackend):
             cached_tokens=cached,
         )
         # queued now, run once this stream has released the context
-        self._schedule_prefetch([*messages, {"role": "assistant", "content": "".join(answer)}])
+        if request.continue_final_message:  # the answer extends the last (assistant) message
+            history = [*messages[:-1], {"role": "assistant", "content": messages[-1]["content"] + "".join(answer)}]
+        else:
+            history = [*messages, {"role": "assistant", "content": "".join(answer)}]
+        self._schedule_prefetch(history)
         yield chunk(ChoiceDelta(), finish=finish, usage=usage)

@@ -19,17 +19,24 @@ on outcome rows (:meth:`ConfidenceCheck.fit`) or, before fitting, a conservative
 from __future__ import annotations
 
 import ast
+import json
+import logging
 import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from typing import Any
 
 from .label import logprob_summary
 from .sandbox import run_python
 from .tasks import extract_code, normalise
 
-__all__ = ["ConfidenceCheck", "Signals", "prompt_examples", "signals"]
+__all__ = ["CHECK_FORMAT", "ConfidenceCheck", "Signals", "prompt_examples", "signals"]
+
+logger = logging.getLogger(__name__)
+CHECK_FORMAT = "edgecloud.router.confidence/1"
+PACKAGED_CHECK = "confidence.json"
 
 _DOCTEST = re.compile(r"^\s*>>> (.+)\n\s*(?!>>>)(\S.*)$", re.MULTILINE)
 _INLINE = re.compile(r"\b([A-Za-z_]\w*\((?:[^()\n]|\([^()\n]*\))*\))\s*(?:==|->|=>|returns|should return)\s*"
@@ -108,6 +115,32 @@ class ConfidenceCheck:
     coef: list[float] | None = None
     intercept: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """A reviewable JSON form (format ``edgecloud.router.confidence/1``)."""
+        return {"format": CHECK_FORMAT, "threshold": self.threshold, "min_mean_logprob": self.min_mean_logprob,
+                "signals": list(SIGNAL_NAMES), "coef": self.coef, "intercept": self.intercept, "notes": self.notes}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> ConfidenceCheck:
+        if data.get("format") != CHECK_FORMAT:
+            raise ValueError(f"not a confidence check file (format {data.get('format')!r}, want {CHECK_FORMAT!r})")
+        coef = data.get("coef")
+        if coef is not None and len(coef) != len(SIGNAL_NAMES):
+            raise ValueError(f"coef has {len(coef)} values, want {len(SIGNAL_NAMES)}")
+        return cls(threshold=float(data["threshold"]), min_mean_logprob=float(data.get("min_mean_logprob", -0.35)),
+                   coef=[float(c) for c in coef] if coef is not None else None,
+                   intercept=float(data.get("intercept", 0.0)), notes=dict(data.get("notes") or {}))
+
+    @classmethod
+    def packaged(cls) -> ConfidenceCheck:
+        """The check fitted on the committed outcome data, or the default rule when it cannot load."""
+        try:
+            text = resources.files("edgecloud.router").joinpath("data", PACKAGED_CHECK).read_text(encoding="utf-8")
+            return cls.from_json(json.loads(text))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.info("no fitted confidence check (%s); using the default rule", exc)
+            return cls()
 
     def p_good(self, s: Signals) -> float:
         if self.coef is None:

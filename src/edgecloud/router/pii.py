@@ -17,7 +17,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-__all__ = ["Finding", "Redaction", "find_pii", "has_pii", "luhn_ok", "iban_ok", "redact"]
+__all__ = ["Finding", "Redaction", "StreamingRestore", "find_pii", "has_pii", "luhn_ok", "iban_ok", "redact"]
 
 _EMAIL = re.compile(r"\b[A-Za-z0-9._%+-]+@[A-Za-z0-9.-]+\.[A-Za-z]{2,}\b")
 _CARD = re.compile(r"(?<![\d-])(?:\d[ -]?){12,18}\d(?![\d-])")
@@ -116,6 +116,34 @@ class Redaction:
             return text
         pattern = re.compile("|".join(re.escape(k) for k in sorted(self.mapping, key=len, reverse=True)))
         return pattern.sub(lambda m: self.mapping[m.group()], text)
+
+
+class StreamingRestore:
+    """Put originals back into a streamed answer: text that may be the start of a placeholder
+    is held back until it is complete (or clearly not one), so a placeholder split across
+    chunks is still restored and nothing is emitted twice."""
+
+    def __init__(self, redaction: Redaction) -> None:
+        self.redaction = redaction
+        self._held = ""
+        self._longest = max((len(k) for k in redaction.mapping), default=0)
+
+    def push(self, delta: str) -> str:
+        """Restored text that is safe to emit now."""
+        text = self._held + delta
+        cut = text.rfind("[")
+        if cut >= 0 and len(text) - cut < self._longest and "]" not in text[cut:]:
+            tail = text[cut:]
+            if any(k.startswith(tail) for k in self.redaction.mapping):
+                self._held = tail
+                return self.redaction.restore(text[:cut])
+        self._held = ""
+        return self.redaction.restore(text)
+
+    def flush(self) -> str:
+        """Whatever is still held (an unfinished placeholder-like tail) at the end of the stream."""
+        held, self._held = self._held, ""
+        return self.redaction.restore(held)
 
 
 def redact(texts: list[str], redaction: Redaction | None = None) -> tuple[list[str], Redaction]:

@@ -45,6 +45,10 @@ class RouteDecision:
     score: float | None = None
     #: Answer on the edge first, escalate to the cloud when the answer's check fails.
     cascade: bool = False
+    #: Privacy keeps it on the device: no fallback may send it to the cloud.
+    local_only: bool = False
+    #: The caller pinned the side with ``route="edge"``/``"cloud"``.
+    pinned: bool = False
     #: Set when PII was replaced by placeholders for the cloud (policy ``pii="redact"``).
     redaction: Redaction | None = None
     messages: list[dict[str, str]] | None = field(default=None, repr=False)
@@ -98,9 +102,10 @@ class RoutePolicy:
                 raise PrivacyViolationError(f"{why}: the request must stay on the device, but the edge is unavailable")
             if pinned == "cloud":
                 raise PrivacyViolationError(f"{why}: route='cloud' is not allowed for this request")
-            return RouteDecision("edge", why)
+            return RouteDecision("edge", why, local_only=True)
         if pinned in ("edge", "cloud"):
-            return self._with_redaction(RouteDecision(pinned, f"route={pinned} requested"), messages, found)
+            return self._with_redaction(
+                RouteDecision(pinned, f"route={pinned} requested", pinned=True), messages, found)
         if available and set(available) <= {"edge"}:
             return RouteDecision("edge", "the cloud is unavailable")
         if available and set(available) <= {"cloud"}:

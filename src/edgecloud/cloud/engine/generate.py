@@ -69,9 +69,10 @@ class Tokenizer:
         """Token ids of ``text``; ``special`` parses control tokens such as ``<|im_start|>``."""
         return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
-    def encode_chat(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
-        """The prompt tokens llama.cpp would evaluate for ``messages`` with this file's chat template."""
-        return self.encode(self.chat_template.render(messages, add_generation_prompt=add_generation_prompt))
+    def encode_chat(self, messages: Sequence[dict[str, str]], *, continue_final: bool = False) -> list[int]:
+        """The prompt tokens llama.cpp would evaluate for ``messages`` with this file's chat template
+        (``continue_final``: the last, assistant, message is continued rather than a new turn opened)."""
+        return self.encode(self.chat_template.prompt(messages, continue_final=continue_final))
 
     def decode(self, tokens: Sequence[int], *, special: bool = True) -> bytes:
         """The bytes of ``tokens`` (may end inside a UTF-8 character; decode with care when streaming)."""

@@ -1,0 +1,412 @@
+"""Settings of the EdgeCloud client, and where they come from.
+
+This module owns :class:`EdgeCloudSettings` (with its sections :class:`RouterSettings`,
+:class:`FallbackSettings` and :class:`Prices`) and :func:`load_settings`, which layers them,
+highest priority first::
+
+    keyword overrides  >  EDGECLOUD_* environment  >  edgecloud.toml  >  defaults
+
+Environment names take the ``EDGECLOUD_`` prefix and ``__`` between a section and its key
+(``EDGECLOUD_ROUTER__PII=redact``). The file is the ``config`` argument when it is a path,
+else ``$EDGECLOUD_CONFIG``, else ``./edgecloud.toml`` when it exists. Every field is
+documented once, in its ``Field(description=...)``; :func:`to_toml_example` renders those
+as a commented example file.
+
+Every problem raises :class:`~edgecloud.errors.ConfigError` naming the key path
+(``router.pii``), the bad value, what is allowed, and where the value came from (the file
+path, ``environment variable EDGECLOUD_ROUTER__PII`` or ``argument``).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo
+from pydantic import field_validator
+from pydantic.fields import FieldInfo
+from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings.exceptions import SettingsError
+
+from .errors import ConfigError
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    try:
+        import tomli as tomllib
+    except ImportError:
+        tomllib = None
+
+__all__ = [
+    "CONFIG_ENV", "DEFAULT_CONFIG_FILE", "ENV_PREFIX", "EdgeCloudSettings", "FallbackSettings", "Prices",
+    "RouterSettings", "load_settings", "to_toml_example",
+]
+
+ENV_PREFIX = "EDGECLOUD_"
+#: Environment variable naming the settings file.
+CONFIG_ENV = "EDGECLOUD_CONFIG"
+#: Read from the working directory when neither ``config`` nor ``$EDGECLOUD_CONFIG`` is given.
+DEFAULT_CONFIG_FILE = "edgecloud.toml"
+_NESTED = "__"
+
+
+def _http_url(url: str) -> str:
+    url = url.strip()
+    if not url.startswith(("http://", "https://")) or not url.split("://", 1)[1]:
+        raise ValueError("must be an http:// or https:// URL, e.g. https://api.openai.com/v1")
+    return url
+
+
+_HttpUrl = Annotated[str, AfterValidator(_http_url)]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class Prices(_Section):
+    """What tokens and device time cost, for :class:`~edgecloud.types.CostInfo`."""
+
+    cloud_input_per_mtok: float = Field(0.50, ge=0, description="USD per million prompt tokens sent to the cloud.")
+    cloud_output_per_mtok: float = Field(1.50, ge=0, description="USD per million tokens the cloud generates.")
+    edge_per_second: float = Field(0.0, ge=0, description="USD per second of on-device generation (energy, wear).")
+
+
+class RouterSettings(_Section):
+    """How a request picks the edge or the cloud (see :mod:`edgecloud.router.policy`)."""
+
+    scorer: Literal["learned", "rules"] = Field(
+        "learned", description="Difficulty scorer: the trained model ('learned') or keyword rules ('rules')."
+    )
+    scorer_path: Path | None = Field(
+        None, description="A trained scorer file to use instead of the bundled one (relative to this file).",
+        examples=["scorer.json"],
+    )
+    edge_below: float = Field(0.3, ge=0, le=1, description="Scores below this run on the edge.")
+    cloud_above: float = Field(0.7, ge=0, le=1, description="Scores above this run on the cloud.")
+    target_cloud_fraction: float | None = Field(
+        None, ge=0, le=1, description="Send this share of traffic to the cloud (replaces cloud_above).",
+        examples=[0.2],
+    )
+    pii: Literal["edge_only", "redact", "off"] = Field(
+        "edge_only", description="Personal data: keep on the device, redact before the cloud, or ignore."
+    )
+    cascade: bool = Field(True, description="Middle-band scores try the edge first and check its answer.")
+
+    @field_validator("cloud_above")
+    @classmethod
+    def _bands_ordered(cls, cloud_above: float, info: ValidationInfo) -> float:
+        edge_below = info.data.get("edge_below")
+        if edge_below is not None and cloud_above < edge_below:
+            raise ValueError(f"must be >= router.edge_below ({edge_below}); lower edge_below or raise cloud_above")
+        return cloud_above
+
+
+class FallbackSettings(_Section):
+    """When a backend fails: retries, circuit breaking, and handing a request to the other side."""
+
+    enabled: bool = Field(True, description="Retry a failed request on the other side.")
+    failure_threshold: int = Field(3, ge=1, description="Consecutive failures that open a backend's circuit.")
+    cooldown_s: float = Field(30.0, gt=0, description="Seconds an open circuit waits before a trial request.")
+    max_retries: int = Field(2, ge=0, description="Retries of a retryable cloud error (429, 5xx, connect).")
+    backoff_s: float = Field(0.25, ge=0, description="First retry delay in seconds; doubles per retry.")
+    timeout_s: float = Field(60.0, gt=0, description="Cloud read timeout in seconds.")
+    connect_timeout_s: float = Field(5.0, gt=0, description="Cloud connect timeout in seconds.")
+    cloud_order: Literal["in_order", "round_robin"] = Field(
+        "in_order", description="Several cloud_base_url: try them in order, or rotate."
+    )
+    mid_stream: bool = Field(True, description="Continue a broken stream on the other side.")
+
+
+class EdgeCloudSettings(BaseSettings):
+    """Everything the client reads at start-up. Build it with :func:`load_settings`."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter=_NESTED, extra="forbid", validate_assignment=True
+    )
+
+    edge_model: str | None = Field(
+        "qwen2.5-coder-0.5b-instruct-q4",
+        description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
+    )
+    cloud_base_url: Annotated[list[_HttpUrl], NoDecode] = Field(
+        default_factory=list, description="OpenAI-compatible endpoints (a list, or comma-separated).",
+        examples=[["https://api.openai.com/v1"]],
+    )
+    cloud_api_key: SecretStr | None = Field(
+        None, description="Cloud API key; prefer the EDGECLOUD_CLOUD_API_KEY variable to a file.",
+        examples=["sk-..."],
+    )
+    cloud_model: str | None = Field(None, description="Model name sent to the cloud.", examples=["gpt-4o-mini"])
+    n_ctx: int | None = Field(
+        None, gt=0, description="Edge context window in tokens (default: planned from memory).", examples=[4096]
+    )
+    router: RouterSettings = Field(default_factory=RouterSettings, description="Routing.")
+    fallback: FallbackSettings = Field(default_factory=FallbackSettings, description="Failures and fallback.")
+    prices: Prices = Field(default_factory=Prices, description="Prices for cost reporting.")
+
+    @field_validator("edge_model", "cloud_model", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: Any) -> Any:
+        # TOML has no null and an environment variable is always a string: '' means "none".
+        return None if isinstance(value, str) and not value.strip() else value
+
+    @field_validator("cloud_base_url", mode="before")
+    @classmethod
+    def _split_urls(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                try:
+                    return json.loads(text)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"looks like a JSON list but is not one ({exc})") from exc
+            return [part for part in (p.strip() for p in text.split(",")) if part]
+        return value
+
+
+_SECTIONS: dict[str, type[BaseModel]] = {"router": RouterSettings, "fallback": FallbackSettings, "prices": Prices}
+_SECRETS = {"cloud_api_key"}
+
+
+# ---------------------------------------------------------------------------------- layers
+
+
+@dataclass
+class _Layer:
+    """One source of settings: its nested dict, and how to name it in an error."""
+
+    source: str
+    data: dict[str, Any]
+
+    def describe(self, path: tuple[Any, ...]) -> str:
+        return self.source
+
+
+class _EnvLayer(_Layer):
+    def describe(self, path: tuple[Any, ...]) -> str:
+        names = {k.upper(): k for k in os.environ}
+        keys = [str(p) for p in path if isinstance(p, str)]
+        for n in range(len(keys), 0, -1):
+            name = (ENV_PREFIX + _NESTED.join(keys[:n])).upper()
+            if name in names:
+                return f"environment variable {names[name]}"
+        return "the environment"
+
+
+def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
+    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+        raise ConfigError(f"reading {path} on Python 3.10 needs tomli: pip install tomli")
+    try:
+        with path.open("rb") as fh:
+            data = tomllib.load(fh)
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file {path} ({named_by}) does not exist; fix the path") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path} ({named_by}): {exc}") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: invalid TOML: {exc}; fix the syntax") from exc
+    router = data.get("router")
+    if isinstance(router, dict) and isinstance(router.get("scorer_path"), str):
+        # A path written in a file means "next to this file", wherever the program runs from.
+        scorer = Path(router["scorer_path"]).expanduser()
+        router["scorer_path"] = str(scorer if scorer.is_absolute() else path.parent / scorer)
+    return data
+
+
+def _file_layer(config: Any) -> _Layer | None:
+    """The TOML layer: ``config`` (a path or mapping), else $EDGECLOUD_CONFIG, else ./edgecloud.toml."""
+    if isinstance(config, Mapping):
+        return _Layer("the config mapping", _plain(config))
+    if config is not None:
+        path = Path(os.fspath(config)).expanduser()
+        return _Layer(str(path), _read_toml(path, "the config argument"))
+    if os.environ.get(CONFIG_ENV):
+        path = Path(os.environ[CONFIG_ENV]).expanduser()
+        return _Layer(str(path), _read_toml(path, f"environment variable {CONFIG_ENV}"))
+    default = Path(DEFAULT_CONFIG_FILE)
+    if default.is_file():
+        return _Layer(str(default.resolve()), _read_toml(default, "found in the working directory"))
+    return None
+
+
+def _check_env_names() -> None:
+    """Catch EDGECLOUD_* names that look like a misspelt setting (others belong to other tools)."""
+    fields = list(EdgeCloudSettings.model_fields)
+    for name in os.environ:
+        if not name.upper().startswith(ENV_PREFIX) or name.upper() == CONFIG_ENV:
+            continue
+        key = name[len(ENV_PREFIX):].lower()
+        if key.split(_NESTED)[0] in fields:
+            continue  # a real setting; a bad nested key is caught by validation
+        section = next((s for s in _SECTIONS if key.startswith(s + "_")), None)
+        if section is not None:
+            hint = f"{ENV_PREFIX}{section.upper()}{_NESTED}{key[len(section) + 1:].upper()}"
+        else:
+            close = difflib.get_close_matches(key, fields, n=1, cutoff=0.85)
+            if not close:
+                continue
+            hint = ENV_PREFIX + close[0].upper()
+        raise ConfigError(
+            f"environment variable {name} is not an edgecloud setting; did you mean {hint}? "
+            f"(sections and keys are joined by '{_NESTED}')"
+        )
+
+
+def _env_layer() -> _Layer:
+    _check_env_names()
+    try:
+        data = EnvSettingsSource(EdgeCloudSettings)()
+    except SettingsError as exc:
+        raise ConfigError(f"cannot parse an {ENV_PREFIX}* environment variable: {exc}") from exc
+    return _EnvLayer("the environment", data)
+
+
+def _plain(value: Any, *, drop_none: bool = False) -> Any:
+    """Mappings and pydantic models as plain nested dicts (models: only the fields they set)."""
+    if isinstance(value, BaseModel):
+        value = value.model_dump(exclude_unset=True)
+    if isinstance(value, Mapping):
+        return {
+            str(k): _plain(v, drop_none=drop_none) for k, v in value.items() if not (drop_none and v is None)
+        }
+    return value
+
+
+def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    """``top`` over ``base``, section by section and field by field."""
+    out = dict(base)
+    for key, value in top.items():
+        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+# ---------------------------------------------------------------------------------- errors
+
+
+def _lookup(data: Any, path: tuple[Any, ...]) -> bool:
+    for part in path:
+        if isinstance(data, Mapping) and part in data:
+            data = data[part]
+        elif isinstance(data, list) and isinstance(part, int) and 0 <= part < len(data):
+            data = data[part]
+        else:
+            return False
+    return True
+
+
+def _source_of(path: tuple[Any, ...], layers: list[_Layer]) -> str:
+    """The highest-priority layer that set ``path`` (or the nearest enclosing key, e.g. a URL list string)."""
+    for n in range(len(path), 0, -1):
+        for layer in reversed(layers):
+            if _lookup(layer.data, path[:n]):
+                return layer.describe(path[:n])
+    return "the defaults"
+
+
+def _key_path(path: tuple[Any, ...]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else (f".{p}" if i else str(p)) for i, p in enumerate(path))
+
+
+def _known_keys(section: tuple[Any, ...]) -> list[str]:
+    model = _SECTIONS.get(str(section[0])) if section else None
+    return list((model or EdgeCloudSettings).model_fields)
+
+
+def _describe_error(err: Mapping[str, Any], layers: list[_Layer]) -> str:
+    path = tuple(err["loc"])
+    key = _key_path(path)
+    source = _source_of(path, layers)
+    if err["type"] == "extra_forbidden":
+        known = ", ".join(_known_keys(path[:-1]))
+        return f"unknown key {key!r} (from {source}); check its spelling - known keys here: {known}"
+    value = "'***'" if path and path[0] in _SECRETS else repr(err["input"])
+    allowed = str(err["msg"]).removeprefix("Value error, ")
+    return f"invalid {key} = {value} (from {source}): {allowed}"
+
+
+def _config_error(exc: ValidationError, layers: list[_Layer]) -> ConfigError:
+    problems = [_describe_error(err, layers) for err in exc.errors()]
+    if len(problems) == 1:
+        return ConfigError(problems[0])
+    return ConfigError(f"{len(problems)} settings are invalid:\n  " + "\n  ".join(problems))
+
+
+# ---------------------------------------------------------------------------------- entry points
+
+
+def load_settings(
+    config: str | os.PathLike[str] | Mapping[str, Any] | EdgeCloudSettings | None = None,
+    **overrides: Any,
+) -> EdgeCloudSettings:
+    """Resolve the client's settings: ``overrides`` > ``EDGECLOUD_*`` > TOML file > defaults.
+
+    ``config`` is a TOML file path, a mapping shaped like the file's content, or finished
+    :class:`EdgeCloudSettings` (then neither the environment nor a file is read; only the
+    overrides apply). Overrides whose value is ``None`` - at any depth - count as not given;
+    nested overrides (``router={"pii": "redact"}`` or a section model, of which only the
+    fields it set count) merge field by field over the lower layers. Raises
+    :class:`~edgecloud.errors.ConfigError` for a missing file, bad TOML, or a bad value.
+    """
+    layers: list[_Layer]
+    if isinstance(config, EdgeCloudSettings):
+        layers = [_Layer("the given settings", config.model_dump())]
+    else:
+        file_layer = _file_layer(config)
+        layers = [*([file_layer] if file_layer else []), _env_layer()]
+    layers.append(_Layer("argument", _plain(overrides, drop_none=True)))
+    merged: dict[str, Any] = {}
+    for layer in layers:
+        merged = _merge(merged, layer.data)
+    try:
+        # model_validate, unlike EdgeCloudSettings(), does not read the environment again.
+        return EdgeCloudSettings.model_validate(merged)
+    except ValidationError as exc:
+        raise _config_error(exc, layers) from exc
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return json.dumps(str(value))  # a TOML basic string
+
+
+def _field_lines(name: str, field: FieldInfo) -> list[str]:
+    default = field.get_default(call_default_factory=True)
+    lines = [f"# {field.description}"]
+    if default is None or default == []:
+        example = field.examples[0] if field.examples else None
+        lines.append(f"# {name} = {_toml_value(example)}" if example is not None else f"# {name} =")
+    else:
+        lines.append(f"{name} = {_toml_value(default)}")
+    return lines
+
+
+def to_toml_example() -> str:
+    """A commented ``edgecloud.toml`` holding every default (optional keys commented out)."""
+    lines = [
+        "# edgecloud.toml - settings of the EdgeCloud client. Every key is optional.",
+        f"# Override any key with {ENV_PREFIX}<KEY> or {ENV_PREFIX}<SECTION>{_NESTED}<KEY> variables.",
+    ]
+    for name, field in EdgeCloudSettings.model_fields.items():
+        if name not in _SECTIONS:
+            lines += ["", *_field_lines(name, field)]
+    for name, model in _SECTIONS.items():
+        lines += ["", f"[{name}]  # {EdgeCloudSettings.model_fields[name].description}"]
+        for key, field in model.model_fields.items():
+            lines += _field_lines(key, field)
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,353 @@
+"""The hybrid engine behind EdgeCloud: settings → backends → route → failover → cost and telemetry.
+
+This module owns :class:`Hybrid`, a :class:`~edgecloud.backend.Backend` whose ``stream``
+answers one validated request the way the client promises:
+
+1. **Conflicts** are refused before any backend is called (``route="cloud"`` with no cloud,
+   ``route="edge"`` with no edge model, ``privacy="local_only"`` with ``route="cloud"``).
+2. **Route**: the :class:`~edgecloud.router.policy.RoutePolicy` decides from the request and
+   the sides that are configured and healthy (circuit breakers); with one side configured
+   the reason says so.
+3. **Cascade** (middle band of the score): the edge answers first, off-stream; the
+   confidence check (:mod:`edgecloud.router.cascade`) either accepts it (it is replayed to the
+   caller) or escalates to the cloud (``route.fallbacks`` records ``low_confidence``).
+4. **Failover** (:class:`~edgecloud.fallback.FailoverStream`): the chosen side first, then
+   the other cloud URLs (in order or round-robin), then the other side — unless privacy keeps
+   the request local or ``fallback.enabled`` is off. ``route="edge"|"cloud"`` says where to
+   start; a failure there still falls back (use ``privacy="local_only"`` to forbid the cloud).
+   Also mid-stream.
+5. **Cost, metrics, spans**: the last chunk carries ``usage``, ``route`` and ``cost``; the
+   totals are in :meth:`Hybrid.stats`, Prometheus series in ``metrics``, OpenTelemetry spans
+   when a tracer provider is configured or installed globally.
+
+PII under ``pii="redact"``: the cloud sees placeholders and the caller the restored text
+(restored while streaming); the edge always sees the original conversation.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any, ClassVar, Literal
+
+from .backend import Backend
+from .config import EdgeCloudSettings, load_settings
+from .errors import ConfigError, InvalidRequestError
+from .fallback import Attempt, CircuitBreaker, FailoverStream, Part
+from .observability.client_metrics import ClientMetrics
+from .observability.cost import CostModel, CostTotals
+from .observability.tracing import chat_span
+from .router.cascade import ConfidenceCheck, signals
+from .router.pii import Redaction, StreamingRestore
+from .router.policy import RouteDecision, RoutePolicy
+from .router.scorers import load_scorer
+from .types import ChatCompletionChunk, ChatMessage, ChatRequest, CostInfo, RouteInfo, Usage, collect_chunks
+
+__all__ = ["Hybrid"]
+
+Side = Literal["edge", "cloud"]
+
+
+class _Redacted(Backend):
+    """A cloud backend seen through a redaction: placeholders out, originals back in."""
+
+    target: ClassVar[Side] = "cloud"
+
+    def __init__(self, inner: Backend, redaction: Redaction, messages: list[dict[str, str]]) -> None:
+        self.inner, self.redaction, self.messages = inner, redaction, messages
+        self.name = inner.name  # type: ignore[misc]
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        redacted = [ChatMessage(role=m["role"], content=m["content"]) for m in self.messages]
+        extra = request.messages[len(self.messages):]  # a partial answer being continued
+        if extra:
+            originals = {v: k for k, v in self.redaction.mapping.items()}
+            for message in extra:
+                text = message.content
+                for value, placeholder in originals.items():
+                    text = text.replace(value, placeholder)
+                redacted.append(ChatMessage(role=message.role, content=text))
+        restore = StreamingRestore(self.redaction)
+        for chunk in self.inner.stream(request.model_copy(update={"messages": redacted})):
+            for choice in chunk.choices:
+                if choice.delta.content:
+                    choice.delta.content = restore.push(choice.delta.content)
+                if choice.finish_reason is not None:
+                    choice.delta.content = (choice.delta.content or "") + restore.flush()
+            yield chunk
+
+
+class Hybrid(Backend):
+    """Route, fail over, price and trace every request (see the module docstring)."""
+
+    name: ClassVar[str] = "edgecloud"
+
+    def __init__(
+        self,
+        settings: EdgeCloudSettings,
+        *,
+        edge_backend: Backend | None = None,
+        cloud_backends: Sequence[Backend] | None = None,
+        policy: RoutePolicy | None = None,
+        confidence: ConfidenceCheck | None = None,
+        metrics: ClientMetrics | None = None,
+        tracer_provider: Any = None,
+        device: str = "this",
+    ) -> None:
+        self.settings = settings
+        fb = settings.fallback
+        self._edge = edge_backend
+        # backends passed in belong to the caller: close() leaves them open
+        self._owns_edge, self._owns_clouds = edge_backend is None, cloud_backends is None
+        self._edge_configured = edge_backend is not None or settings.edge_model is not None
+        self._device = device
+        self._lock = threading.Lock()
+        if cloud_backends is not None:
+            self.clouds = list(cloud_backends)
+        else:
+            self.clouds = [self._cloud_backend(url) for url in settings.cloud_base_url]
+        breaker = {"failure_threshold": fb.failure_threshold, "cooldown_s": fb.cooldown_s}
+        self.edge_breaker = CircuitBreaker("edge", **breaker)
+        self.cloud_breakers = [CircuitBreaker(getattr(c, "base_url", f"cloud{i}"), **breaker)
+                               for i, c in enumerate(self.clouds)]
+        if policy is None:
+            r = settings.router
+            policy = RoutePolicy(
+                scorer=load_scorer(r.scorer, r.scorer_path), edge_below=r.edge_below, cloud_above=r.cloud_above,
+                target_cloud_fraction=r.target_cloud_fraction, pii=r.pii, edge_max_context=settings.n_ctx,
+            )
+        self.policy = policy
+        self.confidence = confidence or ConfidenceCheck.packaged()
+        self.costs = CostModel(settings.prices)
+        self.totals = CostTotals()
+        self.metrics = metrics or ClientMetrics()
+        self.tracer_provider = tracer_provider
+        self._round_robin = itertools.count()
+
+    # ------------------------------------------------------------------ backends
+
+    def _cloud_backend(self, url: str) -> Backend:
+        from .cloud.client import CloudBackend
+
+        s, fb = self.settings, self.settings.fallback
+        if not s.cloud_model:
+            raise ConfigError("cloud_base_url is set but cloud_model is not: name the model the endpoint serves "
+                              "(cloud_model=... or EDGECLOUD_CLOUD_MODEL)")
+        key = s.cloud_api_key.get_secret_value() if s.cloud_api_key is not None else None
+        return CloudBackend(url, s.cloud_model, api_key=key, connect_timeout=fb.connect_timeout_s,
+                            read_timeout=fb.timeout_s, max_retries=fb.max_retries, backoff=fb.backoff_s)
+
+    @property
+    def edge(self) -> Backend | None:
+        """The on-device backend (created on first use), or None when no edge model is configured."""
+        if self._edge is None and self.settings.edge_model is not None:
+            with self._lock:
+                if self._edge is None:
+                    from .edge.llamacpp import LlamaCppBackend
+
+                    self._edge = LlamaCppBackend(self.settings.edge_model, n_ctx=self.settings.n_ctx,
+                                                 device=self._device)
+        return self._edge
+
+    def _cloud_attempts(self) -> list[Attempt]:
+        attempts = [Attempt("cloud", c, b, getattr(c, "base_url", c.name)) for c, b in zip(self.clouds, self.cloud_breakers)]
+        if self.settings.fallback.cloud_order == "round_robin" and attempts:
+            start = next(self._round_robin) % len(attempts)
+            attempts = attempts[start:] + attempts[:start]
+        return attempts
+
+    def _edge_attempt(self) -> list[Attempt]:
+        edge = self.edge
+        return [Attempt("edge", edge, self.edge_breaker, "edge")] if edge is not None else []
+
+    # ------------------------------------------------------------------ routing
+
+    def check(self, request: ChatRequest) -> None:
+        """Refuse settings that contradict each other, before any backend runs."""
+        if not self.clouds and not self._edge_configured:
+            raise ConfigError("neither an edge model nor a cloud endpoint is configured; set edge_model and/or "
+                              "cloud_base_url (arguments, EDGECLOUD_* or edgecloud.toml)")
+        if request.route == "cloud" and not self.clouds:
+            raise InvalidRequestError("route='cloud' was asked but no cloud endpoint is configured; set "
+                                      "cloud_base_url or use route='auto'/'edge'", param="route")
+        if request.route == "edge" and not self._edge_configured:
+            raise InvalidRequestError("route='edge' was asked but no edge model is configured; set edge_model "
+                                      "or use route='auto'/'cloud'", param="route")
+        if request.privacy == "local_only" and request.route == "cloud":
+            raise InvalidRequestError("privacy='local_only' and route='cloud' conflict: a local-only request "
+                                      "never leaves the device; drop one of them", param="route")
+
+    def decide(self, request: ChatRequest) -> RouteDecision:
+        """Where this request goes first, and why."""
+        available = []
+        if self._edge_configured and self.edge_breaker.available():
+            available.append("edge")
+        if any(b.available() for b in self.cloud_breakers):
+            available.append("cloud")
+        edge = self._edge
+        if edge is not None and self.policy.edge_max_context is None and getattr(edge, "n_ctx", None):
+            self.policy.edge_max_context = edge.n_ctx  # known once the edge model is loaded
+        if not self.clouds:
+            decision = self.policy.decide(request, available=["edge"])
+            if not decision.local_only and not decision.pinned:
+                decision.reason = "edge only: no cloud endpoint configured"
+            return decision
+        if not self._edge_configured:
+            decision = self.policy.decide(request, available=["cloud"])
+            if not decision.pinned:
+                decision.reason = "cloud only: no edge model configured"
+            return decision
+        return self.policy.decide(request, available=available or ["edge", "cloud"])
+
+    def _attempts(self, decision: RouteDecision, request: ChatRequest) -> list[Attempt]:
+        clouds = self._cloud_attempts()
+        if decision.redaction is not None and decision.messages is not None:
+            clouds = [Attempt(a.side, _Redacted(a.backend, decision.redaction, decision.messages), a.breaker, a.label)
+                      for a in clouds]
+        edge = self._edge_attempt()
+        cross = self.settings.fallback.enabled  # a pinned side is where to start, not a reason to fail
+        if decision.local_only:
+            return edge
+        if decision.target == "edge":
+            return edge + (clouds if cross else [])
+        return clouds + (edge if cross else [])
+
+    # ------------------------------------------------------------------ the request
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        self.check(request)
+        started = time.perf_counter()
+        decision = self.decide(request)
+        route = RouteInfo(target=decision.target, backend="", reason=decision.reason, score=decision.score)
+        self.metrics.route(decision.target, _reason_kind(decision))
+        model = self._edge_name() if decision.target == "edge" else (self.settings.cloud_model or "cloud")
+        with chat_span(request_model=model, request=request, tracer_provider=self.tracer_provider) as span:
+            span.set_route(decision.target, "", decision.reason, decision.score)
+            parts: list[Part] = []
+            first_token: list[float] = []
+            final: list[ChatCompletionChunk] = []
+
+            def on_fallback(from_: str, to: str, cause: str, at_chars: int) -> None:
+                self.metrics.fallback(from_, to, cause)
+                span.add_fallback(from_, to, cause, at_chars)
+
+            def finalize(chunk: ChatCompletionChunk, done: list[Part]) -> None:
+                parts[:] = done
+                chunk.cost = self._cost(parts, chunk.usage)
+                final.append(chunk)
+
+            attempts = self._attempts(decision, request)
+            ok = False
+            try:
+                if decision.cascade and self.settings.router.cascade and decision.target == "edge" and len(attempts) > 1:
+                    chunks: Iterator[ChatCompletionChunk] = self._cascade(request, route, attempts, on_fallback,
+                                                                          finalize, parts)
+                else:
+                    chunks = iter(FailoverStream(attempts, request, route, self.settings.fallback.mid_stream,
+                                                 on_fallback, finalize))
+                for chunk in chunks:
+                    if not first_token and chunk.text:
+                        first_token.append(time.perf_counter() - started)
+                        span.ttft(first_token[0])
+                    yield chunk
+                ok = True
+            finally:
+                last = final[-1] if final else None
+                cost = last.cost if last is not None else self._cost(parts)
+                self.metrics.request(route.target, ttft=first_token[0] if first_token else None,
+                                     e2e=time.perf_counter() - started, usage=last.usage if last else None,
+                                     cost=cost, ok=ok)
+                if ok and cost is not None:
+                    self.totals.add(cost, route.target, fallbacks=len(route.fallbacks))
+                if last is not None:
+                    finish = last.choices[0].finish_reason if last.choices else None
+                    span.set_route(route.target, route.backend, route.reason, route.score)
+                    span.set_response(model=last.model, response_id=last.id, finish_reason=finish,
+                                      usage=last.usage, cost=cost)
+
+    def _cascade(self, request: ChatRequest, route: RouteInfo, attempts: list[Attempt], on_fallback: Any,
+                 finalize: Any, parts: list[Part]) -> Iterator[ChatCompletionChunk]:
+        """Edge first, off-stream; replay it if the confidence check accepts it, else ask the cloud."""
+        probe = request.model_copy(update={"logprobs": True}) if not request.logprobs else request
+        first = FailoverStream(attempts, probe, route, self.settings.fallback.mid_stream, on_fallback, finalize)
+        buffered = list(first)
+        answered_on = first.parts[-1].side if first.parts else "edge"
+        if answered_on != "edge" or not buffered:
+            yield from buffered
+            return
+        answer = collect_chunks(buffered)
+        logprobs = [e.logprob for e in answer.choices[0].logprobs.content] if answer.choices[0].logprobs else []
+        prompt = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
+        sig = signals(prompt, answer.text, finish_reason=answer.choices[0].finish_reason, logprobs=logprobs)
+        p_good = self.confidence.p_good(sig)
+        if p_good >= self.confidence.threshold:
+            route.reason += f"; edge answer accepted (confidence {p_good:.2f})"
+            for chunk in buffered:
+                if not request.logprobs:
+                    for choice in chunk.choices:
+                        choice.logprobs = None
+                yield chunk
+            return
+        clouds = [a for a in attempts if a.side == "cloud"]
+        route.fallbacks.append({"from": "edge", "to": "cloud", "cause": "low_confidence",
+                                "error": f"edge answer confidence {p_good:.2f} < {self.confidence.threshold}",
+                                "at_chars": 0})
+        on_fallback("edge", "cloud", "low_confidence", 0)
+        final_parts = list(first.parts)
+        second = FailoverStream(clouds, request, route, self.settings.fallback.mid_stream, on_fallback,
+                                lambda chunk, done: finalize(chunk, final_parts + done))
+        yield from second
+
+    # ------------------------------------------------------------------ accounting
+
+    def _cost(self, parts: list[Part], usage: Usage | None = None) -> CostInfo:
+        """Each part priced where it ran; the cloud equivalent on the request's own usage."""
+        return self.costs.combine(
+            [self.costs.price_part(p.side, p.prompt_tokens, p.completion_tokens, p.seconds) for p in parts], usage
+        )
+
+    def _edge_name(self) -> str:
+        model = self.settings.edge_model
+        return os.path.basename(str(model)) if model is not None else "edge"
+
+    def stats(self) -> dict[str, Any]:
+        """Totals since the client started: requests per side, fallbacks, cost and saving."""
+        out = self.totals.snapshot()
+        out["circuits"] = {"edge": self.edge_breaker.state,
+                           **{b.name: b.state for b in self.cloud_breakers}}
+        return out
+
+    def load(self) -> None:
+        if self.edge is not None:
+            self.edge.load()
+
+    def close(self) -> None:
+        """Close the backends this engine created (not ones the caller passed in)."""
+        if self._edge is not None and self._owns_edge:
+            self._edge.close()
+        if self._owns_clouds:
+            for cloud in self.clouds:
+                cloud.close()
+
+
+def _reason_kind(decision: RouteDecision) -> str:
+    reason = decision.reason
+    if decision.local_only:
+        return "pii" if reason.startswith("PII") else "privacy"
+    if decision.pinned:
+        return "pinned"
+    if reason.startswith(("edge only", "cloud only")):
+        return "only_side"
+    if "unavailable" in reason:
+        return "unavailable"
+    if reason.startswith("prompt + max_tokens"):
+        return "context"
+    return "cascade" if decision.cascade else "score"
+
+
+def settings_from(config: Any = None, **overrides: Any) -> EdgeCloudSettings:
+    """Settings for a client: ``config`` (file, mapping or settings) under explicit arguments."""
+    return load_settings(config, **{k: v for k, v in overrides.items() if v is not None})

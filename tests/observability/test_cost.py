@@ -1,0 +1,97 @@
+"""CostModel prices tokens and device seconds exactly; CostTotals sums them across threads."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from edgecloud.config import Prices
+from edgecloud.observability.cost import CostModel, CostTotals
+from edgecloud.types import CostInfo, Usage
+
+# $0.50 / $1.50 per million tokens, $0.0001 per device second
+PRICES = Prices(cloud_input_per_mtok=0.5, cloud_output_per_mtok=1.5, edge_per_second=0.0001)
+
+
+def usage(prompt: int, completion: int) -> Usage:
+    return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+def test_cloud_request_costs_its_tokens_and_saves_nothing() -> None:
+    cost = CostModel(PRICES).price("cloud", usage(1000, 200))
+    # 1000 * 0.5e-6 + 200 * 1.5e-6
+    assert cost == CostInfo(usd=0.0008, cloud_equivalent_usd=0.0008, saved_usd=0.0,
+                            edge_seconds=0.0, cloud_input_tokens=1000, cloud_output_tokens=200)
+
+
+def test_edge_request_costs_device_seconds_and_saves_the_cloud_price() -> None:
+    cost = CostModel(PRICES).price("edge", usage(1000, 200), edge_seconds=2.5)
+    assert cost == CostInfo(usd=0.00025, cloud_equivalent_usd=0.0008, saved_usd=0.00055,
+                            edge_seconds=2.5, cloud_input_tokens=0, cloud_output_tokens=0)
+
+
+def test_free_edge_by_default_and_negative_saving_when_the_device_is_dearer() -> None:
+    assert CostModel().price("edge", usage(1000, 200), edge_seconds=9.0).saved_usd == 0.0008
+    dear = CostModel(Prices(edge_per_second=0.01)).price("edge", usage(1000, 200), edge_seconds=1.0)
+    assert (dear.usd, dear.saved_usd) == (0.01, -0.0092)
+
+
+def test_mid_stream_fallback_prices_each_side_for_its_share() -> None:
+    model = CostModel(PRICES)
+    # 40 tokens on the cloud, then the edge re-reads prompt + partial answer and writes 60 more in 1.5 s
+    parts = [model.price_part("cloud", 1000, 40), model.price_part("edge", 1040, 60, seconds=1.5)]
+    assert parts[0].usd == 0.00056 and parts[1].usd == 0.00015
+    total = model.combine(parts, usage(1000, 100))
+    # cloud part 0.0005 + 0.00006, edge part 1.5 s * 0.0001; equivalent 1000*0.5e-6 + 100*1.5e-6
+    assert total == CostInfo(usd=0.00071, cloud_equivalent_usd=0.00065, saved_usd=-0.00006,
+                             edge_seconds=1.5, cloud_input_tokens=1000, cloud_output_tokens=40)
+    # price() with both sides given is the same request priced at once
+    at_once = model.price("edge", usage(1000, 100), edge_seconds=1.5, cloud_input_tokens=1000, cloud_output_tokens=40)
+    assert at_once == total
+    # without usage the equivalent is the parts' sum (the prompt counted twice)
+    assert model.combine(parts).cloud_equivalent_usd == 0.00117  # 0.00056 + 0.00061
+
+
+def test_amounts_are_rounded_to_nano_dollars() -> None:
+    cost = CostModel(Prices(cloud_input_per_mtok=0.1, cloud_output_per_mtok=0.2)).price("cloud", usage(1, 2))
+    assert cost.usd == 0.0000005  # 0.1e-6 + 0.4e-6, without float noise
+
+
+def test_unknown_target_is_refused() -> None:
+    with pytest.raises(ValueError, match="'edge' or 'cloud'"):
+        CostModel().price("gpu", usage(1, 1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="'edge' or 'cloud'"):
+        CostTotals().add(CostInfo(), "gpu")
+
+
+def test_totals_sum_requests_sides_and_savings() -> None:
+    model, totals = CostModel(PRICES), CostTotals()
+    totals.add(model.price("cloud", usage(1000, 200)), "cloud")
+    totals.add(model.price("edge", usage(1000, 200), edge_seconds=2.5), "edge", fallbacks=1)
+    snap = totals.snapshot()
+    assert snap == {
+        "requests": 2, "edge_requests": 1, "cloud_requests": 1, "fallbacks": 1,
+        "cost_usd": 0.00105, "cloud_equivalent_usd": 0.0016, "saved_usd": 0.00055,
+        "saved_pct": 34.375, "edge_seconds": 2.5, "cloud_input_tokens": 1000, "cloud_output_tokens": 200,
+    }
+    totals.reset()
+    assert totals.snapshot()["requests"] == 0 and totals.snapshot()["saved_pct"] == 0.0
+
+
+def test_totals_are_thread_safe() -> None:
+    totals = CostTotals()
+    one = CostInfo(usd=0.000001, cloud_equivalent_usd=0.000002, saved_usd=0.000001, cloud_output_tokens=1)
+
+    def work() -> None:
+        for _ in range(2000):
+            totals.add(one, "edge")
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    snap = totals.snapshot()
+    assert (snap["requests"], snap["edge_requests"], snap["cloud_output_tokens"]) == (8000, 8000, 8000)
+    assert (snap["cost_usd"], snap["saved_pct"]) == (0.008, 50.0)
