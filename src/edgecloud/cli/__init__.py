@@ -11,9 +11,11 @@ import sys
 import typer
 
 from ..errors import EdgeCloudError
+from . import bridge as _bridge
 from . import chat as _chat
 from . import models as _models
 from . import plan as _plan
+from . import quant as _quant
 from . import route as _route
 from . import serve as _serve
 
@@ -25,7 +27,9 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(_models.app, name="models")
+app.add_typer(_bridge.app, name="bridge")
 app.add_typer(_route.app, name="route")
+app.add_typer(_quant.app, name="quant")
 app.command("plan", help="Plan whether a model fits a device's memory budget.")(_plan.plan_command)
 app.command("chat", help="Chat with a model: an interactive REPL, or one answer with --prompt.")(_chat.chat_command)
 app.command("serve", help="Serve a model over the OpenAI API on this machine.")(_serve.serve_command)
