@@ -56,3 +56,39 @@ def test_fitted_check_learns_which_signal_matters() -> None:
     check = ConfidenceCheck().fit(rows, sigs)
     assert check.p_good(Signals(True, False, {"mean": -0.5})) > 0.7
     assert check.p_good(Signals(False, False, {"mean": -0.5})) < 0.3
+
+
+def _synthetic_rows(n: int = 120, seed: int = 0) -> list[dict]:
+    """Outcome rows whose edge answers fail exactly when a stated example fails or the answer is cut."""
+    rng = random.Random(seed)
+    rows = []
+    for i in range(n):
+        kind = rng.choice(["good", "wrong", "cut"])
+        answer = {"good": "```python\ndef add(a, b):\n    return a + b\n```",
+                  "wrong": "```python\ndef add(a, b):\n    return a - b\n```",
+                  "cut": "```python\ndef add(a, b):\n    return a +"}[kind]
+        rows.append({"id": f"t{i}", "suite": "code", "messages": [{"role": "user", "content": PROMPT}],
+                     "edge_pass": kind == "good", "cloud_pass": rng.random() < 0.9, "edge_answer": answer,
+                     "edge_finish": "length" if kind == "cut" else "stop",
+                     "edge_logprob": {"mean": -0.1 - rng.random() * 0.3, "min": -2.0, "p10": -0.8, "tail_mean": -1.2}})
+    return rows
+
+
+def test_cascade_fit_reaches_the_target_with_the_informative_signal() -> None:
+    from edgecloud.router.cascade_fit import ablation, evaluate_cascade, row_signals
+    from edgecloud.router.evaluate import split_outcomes
+
+    train, test = split_outcomes(_synthetic_rows())
+    s_train, s_test = row_signals(train), row_signals(test)
+    zeros_train, zeros_test = [0.5] * len(train), [0.5] * len(test)  # all in the middle band
+    result = evaluate_cascade(train, test, s_train, s_test, zeros_train, zeros_test, target=0.95)
+    point = result["cascade_all"]["test"]
+    # escalating exactly the failed/cut answers keeps cloud-level quality with ~2/3 cloud calls
+    assert point["share_of_cloud_quality"] >= 0.95
+    assert point["cloud_fraction"] < 0.8
+    assert result["banded"]["test"] == point  # every score in the middle band: the same cascade
+    check = result["check"]
+    assert ConfidenceCheck.from_json(check.to_json()).p_good(s_test[0]) == check.p_good(s_test[0])
+    parts = ablation(train, test, s_train, s_test)
+    # the logprobs here are noise: alone they cannot beat the examples signal on cloud calls
+    assert parts["examples only"]["cloud_fraction"] <= parts["logprob only"]["cloud_fraction"]

@@ -178,3 +178,48 @@ def train_command(
     model = train_scorer(rows)
     out.write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")
     typer.echo(f"{out}: trained on {len(rows)} outcomes (C={model['C']})", err=True)
+
+
+@app.command("cascade")
+def cascade_command(
+    data: Path = typer.Option(..., "--data", exists=True, dir_okay=False, help="Outcome file (JSONL)."),
+    model: Path | None = typer.Option(None, "--model", help="Learned scorer for the bands (default: the packaged one)."),
+    target: float = typer.Option(0.95, "--target", min=0.0, max=1.0, help="Share of cloud-only quality to reach."),
+    out: Path | None = typer.Option(None, "--out", help="Write the fitted check here (JSON)."),
+    json_output: bool = typer.Option(False, "--json", help="Print the JSON summary."),
+) -> None:
+    """Fit the cascade's confidence check on the train split; report it on the held-out split.
+
+    Prints the held-out quality share and cloud fraction of the cascade alone (every request
+    on the edge first) and behind the router's bands, and what each signal group adds.
+    """
+    import json
+
+    from ..router import evaluate as ev
+    from ..router.cascade_fit import ablation, evaluate_cascade, row_signals
+
+    rows = ev.load_outcomes(data)
+    train, test = ev.split_outcomes(rows)
+    scorer = _scorer("learned", model)
+    typer.echo(f"checking {len(rows)} edge answers (code runs in the sandbox)…", err=True)
+    train_signals, test_signals = row_signals(train), row_signals(test)
+    result = evaluate_cascade(train, test, train_signals, test_signals, ev.score_rows(train, scorer.score),
+                              ev.score_rows(test, scorer.score), target=target)
+    check = result.pop("check")
+    result["ablation"] = ablation(train, test, train_signals, test_signals, target=target)
+    result.update(scorer=scorer.name, n_train=len(train), n_test=len(test), target=target)
+    if out is not None:
+        out.write_text(json.dumps(check.to_json(), indent=1) + "\n", encoding="utf-8")
+        result["check_file"] = str(out)
+    if json_output:
+        typer.echo(json.dumps(result))
+        return
+    for name in ("cascade_all", "banded"):
+        t = result[name]["test"]
+        typer.echo(f"{name:>12}  share of cloud quality {t['share_of_cloud_quality']:.3f}  "
+                   f"cloud calls {t['cloud_fraction']:.3f}  (threshold {result[name]['threshold']})")
+    for label, point in result["ablation"].items():
+        if "error" in point:
+            typer.echo(f"{label:>20}  {point['error']}")
+        else:
+            typer.echo(f"{label:>20}  share {point['share_of_cloud_quality']:.3f}  cloud {point['cloud_fraction']:.3f}")

@@ -155,17 +155,30 @@ class ConfidenceCheck:
     def escalate(self, s: Signals) -> bool:
         return self.p_good(s) < self.threshold
 
-    def fit(self, rows: Sequence[dict[str, Any]], row_signals: Sequence[Signals]) -> ConfidenceCheck:
-        """Fit the logistic model on outcome rows (label: ``edge_pass``) and their signals."""
+    def fit(self, rows: Sequence[dict[str, Any]], row_signals: Sequence[Signals],
+            use: Sequence[str] | None = None) -> ConfidenceCheck:
+        """Fit the logistic model on outcome rows (label: ``edge_pass``) and their signals.
+
+        ``use`` limits the model to those of :data:`SIGNAL_NAMES` (the others get weight 0), to
+        measure what each signal adds.
+        """
         import numpy as np
         from sklearn.linear_model import LogisticRegression
 
-        x = np.array([s.vector() for s in row_signals])
+        names = list(SIGNAL_NAMES) if use is None else [n for n in SIGNAL_NAMES if n in set(use)]
+        unknown = set(use or ()) - set(SIGNAL_NAMES)
+        if unknown or not names:
+            raise ValueError(f"unknown or no signals {sorted(unknown)}; choose from {', '.join(SIGNAL_NAMES)}")
+        columns = [SIGNAL_NAMES.index(n) for n in names]
+        x = np.array([s.vector() for s in row_signals])[:, columns]
         y = np.array([1 if r["edge_pass"] else 0 for r in rows])
         if y.min() == y.max():
             raise ValueError("every edge answer has the same outcome; nothing to fit")
         model = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
-        self.coef = [float(v) for v in model.coef_[0]]
+        coef = [0.0] * len(SIGNAL_NAMES)
+        for column, value in zip(columns, model.coef_[0]):
+            coef[column] = float(value)
+        self.coef = coef
         self.intercept = float(model.intercept_[0])
-        self.notes = {"fitted_on": len(rows), "signals": list(SIGNAL_NAMES)}
+        self.notes = {"fitted_on": len(rows), "signals": names}
         return self
