@@ -5,10 +5,12 @@ stderr) so it composes in pipelines. The REPL keeps the conversation (the edge r
 reuses its KV prefix turn after turn), streams with rich, tags each answer with its route in
 a dim footer, and Ctrl-C stops the current answer, not the program. With ``--cloud-url`` the
 router picks edge or cloud per question (``--route`` pins it); ``/stats`` shows the totals.
+``--backend`` picks the edge runtime: llama.cpp (default) or torch (the engine on cuda/mps/cpu).
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -18,12 +20,23 @@ from typing import Any
 import typer
 from rich.console import Console
 
+from ..backend import Backend
 from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
 from ..errors import EdgeCloudError
 from ..store import resolve_model
 from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
+
+
+def _torch_edge(model: str, ctx: int | None) -> Backend:
+    from ..edge.torch import TorchBackend  # imports torch: only when asked for
+
+    return TorchBackend(model, n_ctx=ctx)
+
+
+#: ``--backend``: how to build the edge runtime (None: the client's own, llama.cpp planned for ``--device``).
+EDGE_BACKENDS: dict[str, Callable[[str, int | None], Backend] | None] = {"llamacpp": None, "torch": _torch_edge}
 
 _HELP = ("/reset clears the conversation · /stats shows speed, routes and cost · /exit quits · "
          "Ctrl-C stops an answer")
@@ -117,6 +130,7 @@ def chat_command(
     ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the planner's choice)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
     route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
+    backend: str = typer.Option("llamacpp", "--backend", help="Edge runtime: llamacpp or torch."),
     cloud_url: list[str] = typer.Option(
         [], "--cloud-url", help="OpenAI-compatible endpoint (repeat for fallbacks; or EDGECLOUD_CLOUD_BASE_URL)."
     ),
@@ -129,9 +143,14 @@ def chat_command(
     err = Console(stderr=True)
     if route not in ("auto", "edge", "cloud"):
         raise typer.BadParameter(f"{route!r} is not a route; use auto, edge or cloud", param_hint="--route")
+    if backend not in EDGE_BACKENDS:
+        raise typer.BadParameter(f"{backend!r} is not an edge backend; use {' or '.join(EDGE_BACKENDS)}",
+                                 param_hint="--backend")
     try:
+        make_edge = EDGE_BACKENDS[backend]
+        edge_backend = make_edge(model, ctx) if make_edge is not None else None
         client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
-                           cloud_model=cloud_model, cloud_api_key=cloud_key)
+                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_backend=edge_backend)
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -152,7 +171,7 @@ def chat_command(
         raise typer.Exit(2) from None
     history: list[ChatMessage] = [ChatMessage(role="system", content=system)] if system else []
     params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "route": route}
-    with client:
+    with client, edge_backend or contextlib.nullcontext():  # a backend given to the client stays ours to close
         if prompt is not None:
             _one_shot(client, history, prompt, params, err)
         else:

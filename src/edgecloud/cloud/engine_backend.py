@@ -18,6 +18,10 @@ not implement (logprobs, presence/frequency penalties) fail with
 
 On a CPU with float32 weights the linear layers are switched to oneDNN's prepacked matmuls
 (:func:`~edgecloud.cloud.engine.pack_linears`), which keep small decode batches cheap.
+
+The request-to-chunks pieces (:class:`Answer`, :class:`ChatChunks`, :func:`reject_unsupported`,
+:func:`sampling_params`) do not depend on the scheduler; the torch edge backend
+(:mod:`edgecloud.edge.torch`) streams its single-sequence loop through them too.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import asyncio
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..backend import Backend
 from ..edge.text_stream import TextStream
@@ -53,7 +57,16 @@ from .scheduler import (
     Sequence,
 )
 
-__all__ = ["DEFAULT_MODEL", "DEFAULT_N_CTX", "TorchEngineBackend"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "DEFAULT_N_CTX",
+    "Answer",
+    "ChatChunks",
+    "Outcome",
+    "TorchEngineBackend",
+    "reject_unsupported",
+    "sampling_params",
+]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
 #: Context served when neither ``n_ctx`` nor a smaller model limit says otherwise.
@@ -63,7 +76,34 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
 
 
-class _Answer:
+class Outcome(Protocol):
+    """How a sequence ended: the scheduler's :class:`Sequence`, or any loop that tracks the same two facts."""
+
+    finish_reason: str | None
+    cached_tokens: int
+
+
+def reject_unsupported(request: ChatRequest) -> None:
+    """InvalidRequestError naming the first option the torch engine does not implement."""
+    if request.logprobs:
+        raise InvalidRequestError("logprobs are not supported by the torch engine yet", param="logprobs")
+    for field in ("presence_penalty", "frequency_penalty"):
+        if getattr(request, field):
+            raise InvalidRequestError(f"{field} is not supported by the torch engine yet", param=field)
+
+
+def sampling_params(request: ChatRequest | CompletionRequest, max_new_tokens: int) -> SamplingParams:
+    """The request's sampling options with OpenAI's defaults filled in."""
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        seed=request.seed,
+        stop_at_eog=not getattr(request, "ignore_eos", False),
+    )
+
+
+class Answer:
     """Turns one sequence's token ids into text deltas (stop strings held back) and a finish."""
 
     def __init__(self, tokenizer: Any, stop: list[str], prompt_tokens: int, max_new: int) -> None:
@@ -81,7 +121,7 @@ class _Answer:
     def stopped(self) -> bool:
         return self.text.stopped
 
-    def finish(self, seq: Sequence) -> tuple[str, FinishReason, Usage]:
+    def finish(self, seq: Outcome) -> tuple[str, FinishReason, Usage]:
         """The held-back tail, the finish reason and the usage."""
         reason: FinishReason = "length" if seq.finish_reason == "length" and not self.stopped else "stop"
         usage = Usage(
@@ -223,13 +263,6 @@ class TorchEngineBackend(Backend):
 
     # ------------------------------------------------------------------ requests
 
-    def _check_supported(self, request: ChatRequest) -> None:
-        if request.logprobs:
-            raise InvalidRequestError("logprobs are not supported by the torch engine yet", param="logprobs")
-        for field in ("presence_penalty", "frequency_penalty"):
-            if getattr(request, field):
-                raise InvalidRequestError(f"{field} is not supported by the torch engine yet", param=field)
-
     def _params(self, request: ChatRequest | CompletionRequest, prompt: list[int]) -> SamplingParams:
         if len(prompt) + 1 > self.n_ctx:
             raise ContextOverflowError(len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)")
@@ -237,27 +270,21 @@ class TorchEngineBackend(Backend):
             raise ContextOverflowError(
                 len(prompt), self.n_ctx, detail=f" and {request.max_tokens} max_tokens were requested"
             )
-        return SamplingParams(
-            max_new_tokens=request.max_tokens or self.n_ctx - len(prompt),
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-            top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
-            seed=request.seed,
-            stop_at_eog=not getattr(request, "ignore_eos", False),
-        )
+        return sampling_params(request, request.max_tokens or self.n_ctx - len(prompt))
 
     def _submit(
         self, request: ChatRequest | CompletionRequest, loop: asyncio.AbstractEventLoop | None
-    ) -> tuple[Sequence, _Answer]:
+    ) -> tuple[Sequence, Answer]:
         scheduler = self.scheduler
         if isinstance(request, ChatRequest):
-            self._check_supported(request)
+            reject_unsupported(request)
             prompt = self._tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
         else:
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
             prompt = self._tokenizer.encode(request.text, add_bos=True)
         params = self._params(request, prompt)
         seq = scheduler.submit(prompt, params, loop=loop)
-        return seq, _Answer(self._tokenizer, request.stop_sequences, len(prompt), params.max_new_tokens)
+        return seq, Answer(self._tokenizer, request.stop_sequences, len(prompt), params.max_new_tokens)
 
     def _route(self) -> RouteInfo:
         return RouteInfo(target="cloud", backend=self.name, reason=f"torch engine ({self.precision}, {self.device})")
@@ -266,11 +293,11 @@ class TorchEngineBackend(Backend):
 
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
         """Yield the answer as OpenAI-shaped chunks; closing the iterator cancels the sequence."""
-        return self._iterate(request, _ChatChunks)
+        return self._iterate(request, ChatChunks)
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Async twin of :meth:`stream`, fed by the scheduler without a worker thread."""
-        async for chunk in self._aiterate(request, _ChatChunks):
+        async for chunk in self._aiterate(request, ChatChunks):
             yield chunk
 
     def stream_completion(self, request: CompletionRequest) -> Iterator[Completion]:
@@ -316,7 +343,7 @@ class TorchEngineBackend(Backend):
 class _Chunks:
     """Builds one answer's response objects from its token ids (one subclass per response shape)."""
 
-    def __init__(self, model_name: str, route: RouteInfo, answer: _Answer) -> None:
+    def __init__(self, model_name: str, route: RouteInfo, answer: Answer) -> None:
         self.model, self.route, self.answer = model_name, route, answer
         self.created = now()
 
@@ -330,14 +357,14 @@ class _Chunks:
     def delta(self, text: str) -> Any:
         raise NotImplementedError
 
-    def finish(self, seq: Sequence) -> list[Any]:
+    def finish(self, seq: Outcome) -> list[Any]:
         raise NotImplementedError
 
 
-class _ChatChunks(_Chunks):
+class ChatChunks(_Chunks):
     """``chat.completion.chunk`` objects: a role chunk, text deltas, a finish chunk with usage and route."""
 
-    def __init__(self, model_name: str, route: RouteInfo, answer: _Answer) -> None:
+    def __init__(self, model_name: str, route: RouteInfo, answer: Answer) -> None:
         super().__init__(model_name, route, answer)
         self.id = new_completion_id()
 
@@ -356,7 +383,7 @@ class _ChatChunks(_Chunks):
     def delta(self, text: str) -> ChatCompletionChunk:
         return self._chunk(ChoiceDelta(content=text))
 
-    def finish(self, seq: Sequence) -> list[Any]:
+    def finish(self, seq: Outcome) -> list[Any]:
         tail, reason, usage = self.answer.finish(seq)
         chunks: list[Any] = [self.delta(tail)] if tail else []
         chunks.append(self._chunk(ChoiceDelta(), reason, usage=usage, route=self.route))
@@ -366,7 +393,7 @@ class _ChatChunks(_Chunks):
 class _TextChunks(_Chunks):
     """``text_completion`` objects: text pieces, then the last one with finish reason, usage and route."""
 
-    def __init__(self, model_name: str, route: RouteInfo, answer: _Answer) -> None:
+    def __init__(self, model_name: str, route: RouteInfo, answer: Answer) -> None:
         super().__init__(model_name, route, answer)
         self.id = new_text_completion_id()
 
@@ -379,6 +406,6 @@ class _TextChunks(_Chunks):
             **extra,
         )
 
-    def finish(self, seq: Sequence) -> list[Any]:
+    def finish(self, seq: Outcome) -> list[Any]:
         tail, reason, usage = self.answer.finish(seq)
         return [self.delta(tail, reason, usage=usage, route=self.route)]

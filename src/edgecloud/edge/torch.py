@@ -1,0 +1,345 @@
+"""The torch edge backend: the engine's model on this device's GPU (CUDA or MPS) or CPU, with per-op CPU fallback.
+
+This module owns :class:`TorchBackend` and :class:`TorchStats`. It is the edge twin of the
+cloud's :class:`~edgecloud.cloud.engine_backend.TorchEngineBackend` for a single user: no
+scheduler, one sequence, one KV cache kept between requests. What it reuses rather than
+repeats:
+
+- the model and its tokenizer: :meth:`Transformer.from_gguf <edgecloud.cloud.engine.Transformer.from_gguf>`
+  (float32 on the CPU, float16/bfloat16 on a GPU) and :class:`~edgecloud.cloud.engine.Tokenizer`
+  (llama.cpp's tokenizer and the GGUF's chat template, so prompts are token-identical to the
+  llama.cpp backend's);
+- the decode loop: :func:`edgecloud.cloud.engine.generate` (prefill, one token per step,
+  greedy or temperature / top-p with a seeded generator, end-of-generation ids) over the
+  kept :class:`~edgecloud.cloud.engine.KVCache`; only the prompt after the longest prefix
+  shared with what the cache holds is prefilled (``usage.cached_tokens``);
+- the chunks: :class:`~edgecloud.cloud.engine_backend.Answer` and
+  :class:`~edgecloud.cloud.engine_backend.ChatChunks` (role chunk, whole-UTF-8 content deltas
+  through :class:`~edgecloud.edge.text_stream.TextStream`, stop strings never emitted,
+  finish ``stop`` / ``length``, usage and route on the last chunk), with the request checks and
+  sampling defaults of the same module (logprobs and penalties are refused, naming the field).
+
+**Device and dtype.** ``device="auto"`` takes the GPU :func:`~edgecloud.edge.device.detect_device`
+reports (CUDA, else Apple's Metal as ``mps``), else the CPU. ``dtype="auto"`` is float32 on the
+CPU, bfloat16 on a CUDA GPU that has it (else float16), float16 on MPS. On macOS
+``PYTORCH_ENABLE_MPS_FALLBACK=1`` is set when this module is imported, before torch is.
+
+**Per-op fallback.** The capability table of :mod:`edgecloud.edge.op_fallback` for the chosen
+device and dtype, plus any ``unsupported_ops`` given here (or a whole
+:class:`~edgecloud.edge.op_fallback.DeviceCaps`), decides which ops run on the CPU; each model
+step runs inside a :class:`~edgecloud.edge.op_fallback.CpuFallback` (entered per step, never
+across a ``yield``). Fallbacks are counted per op: :attr:`TorchBackend.fallbacks` (since
+construction), ``stats.fallbacks``, and the last chunk's ``route.reason`` ("on cpu with torch
+(float32); 30 ops fell back to the CPU (scaled_dot_product_attention 30)") for that request.
+An op that can run neither on the device nor on the CPU fails the request with
+:class:`~edgecloud.errors.BackendUnavailableError` naming it, before any chunk is sent.
+
+Loading is lazy (:meth:`TorchBackend.load` or the first request); requests are served one at a
+time (:class:`~edgecloud.backend.SerialBackend`); closing the stream stops generation at once.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+if sys.platform == "darwin":
+    # torch reads this when it sets up its MPS backend: it must be set before the first ``import torch``.
+    os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
+
+import contextlib
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..backend import SerialBackend
+from ..cloud.engine import Tokenizer, Transformer, generate
+from ..cloud.engine_backend import DEFAULT_MODEL, DEFAULT_N_CTX, Answer, ChatChunks, reject_unsupported, sampling_params
+from ..errors import BackendError, BackendUnavailableError, ConfigError, ContextOverflowError, EdgeCloudError
+from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+from .device import detect_device
+from .op_fallback import CpuFallback, DeviceCaps, device_caps
+from .prefix_cache import common_prefix_len_np
+
+__all__ = ["DEFAULT_MODEL", "DTYPES", "TorchBackend", "TorchStats"]
+
+#: Names ``dtype=`` accepts.
+DTYPES: dict[str, torch.dtype] = {
+    "fp32": torch.float32,
+    "float32": torch.float32,
+    "fp16": torch.float16,
+    "float16": torch.float16,
+    "bf16": torch.bfloat16,
+    "bfloat16": torch.bfloat16,
+}
+_DEVICES = ("auto", "cpu", "cuda", "mps")
+#: detect_device()'s GPU backend name -> torch device.
+_GPU_DEVICES = {"cuda": "cuda", "metal": "mps"}
+
+
+@dataclass
+class TorchStats:
+    """Counters since construction."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    completion_tokens: int = 0
+    #: Ops run on the CPU instead of the device, per op (live: the fallback's own counter).
+    fallbacks: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """How one answer ended (what :meth:`ChatChunks.finish` reads)."""
+
+    finish_reason: str | None
+    cached_tokens: int
+
+
+def _pick_device(device: str) -> str:
+    if device not in _DEVICES:
+        raise ConfigError(f"unknown device {device!r}; use one of {', '.join(_DEVICES)}")
+    if device != "auto":
+        return device
+    return _GPU_DEVICES.get(detect_device().gpu_backend or "", "cpu")
+
+
+def _pick_dtype(dtype: str, device: str) -> torch.dtype:
+    if dtype == "auto":
+        if device == "cuda":
+            return torch.bfloat16 if torch.cuda.is_available() and torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float16 if device == "mps" else torch.float32
+    if dtype not in DTYPES:
+        raise ConfigError(f"unknown dtype {dtype!r}; use auto or one of {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _fallbacks_text(counts: dict[str, int]) -> str:
+    total = sum(counts.values())
+    if not total:
+        return ""
+    detail = ", ".join(f"{name} {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"; {total} ops fell back to the CPU ({detail})"
+
+
+class TorchBackend(SerialBackend):
+    """A GGUF model run by the torch engine on this device, one request at a time.
+
+    ``model`` is a catalogue name (pulled and verified by :func:`edgecloud.store.resolve_model`)
+    or a local ``.gguf`` path. ``device`` is ``auto``, ``cpu``, ``cuda`` or ``mps``; ``dtype``
+    ``auto`` or one of :data:`DTYPES`. ``n_ctx`` caps prompt + answer (default: the model's
+    context, at most 4096). ``unsupported_ops`` adds op names to the device's capability
+    table (they run on the CPU), or replaces the table with a ``DeviceCaps``.
+    ``reuse_prefix=False`` prefills every prompt from scratch.
+    """
+
+    name = "torch"
+    target = "edge"
+    supports_logprobs = False
+    supports_seed = True
+    supports_stop = True
+
+    def __init__(
+        self,
+        model: str | Path = DEFAULT_MODEL,
+        *,
+        device: str = "auto",
+        dtype: str = "auto",
+        n_ctx: int | None = None,
+        unsupported_ops: Iterable[str] | DeviceCaps | None = None,
+        reuse_prefix: bool = True,
+    ) -> None:
+        if n_ctx is not None and n_ctx < 16:
+            raise ConfigError(f"n_ctx must be at least 16 tokens, got {n_ctx}")
+        self.model = model
+        self.model_name = Path(model).stem if isinstance(model, Path) or str(model).endswith(".gguf") else str(model)
+        #: The torch device the model runs on ("cpu", "cuda", "mps").
+        self.device = _pick_device(device)
+        #: The dtype of weights and activations.
+        self.dtype = _pick_dtype(dtype, self.device)
+        self.caps = self._caps(unsupported_ops)
+        if self.caps.dtype_problem:
+            raise ConfigError(f"dtype {self.dtype} cannot be used here: {self.caps.dtype_problem}; use dtype='auto'")
+        self.reuse_prefix = reuse_prefix
+        self._fallback = CpuFallback(self.caps) if self.caps.unsupported else None
+        self._n_ctx_request = n_ctx
+        self.n_ctx = 0
+        self.model_path: Path | None = None
+        self.stats = TorchStats(fallbacks=self._fallback.counts if self._fallback else {})
+        self._model: Any = None
+        self._tokenizer: Any = None
+        self._cache: Any = None
+        self._context: list[int] = []  # the tokens whose KV the cache holds, in order
+        super().__init__()
+
+    def _caps(self, unsupported_ops: Iterable[str] | DeviceCaps | None) -> DeviceCaps:
+        if isinstance(unsupported_ops, DeviceCaps):
+            kind = torch.device(unsupported_ops.device).type
+            if kind != self.device or unsupported_ops.dtype != self.dtype:
+                raise ConfigError(
+                    f"the capabilities given are for {kind} ({unsupported_ops.dtype}) but the model runs on "
+                    f"{self.device} ({self.dtype})"
+                )
+            return unsupported_ops
+        caps = device_caps(self.device, self.dtype)
+        if isinstance(unsupported_ops, str):
+            unsupported_ops = [unsupported_ops]
+        return caps.declaring(unsupported_ops or ())
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def loaded(self) -> bool:
+        """True once the weights are in memory."""
+        return self._model is not None
+
+    @property
+    def fallbacks(self) -> dict[str, int]:
+        """Ops run on the CPU instead of the device since construction, per op."""
+        return dict(self.stats.fallbacks)
+
+    @property
+    def transformer(self) -> Any:
+        """The loaded :class:`~edgecloud.cloud.engine.Transformer` (loads it first if needed)."""
+        self.load()
+        return self._model
+
+    @property
+    def tokenizer(self) -> Any:
+        """The loaded :class:`~edgecloud.cloud.engine.Tokenizer` (loads it first if needed)."""
+        self.load()
+        return self._tokenizer
+
+    def fallback_scope(self) -> contextlib.AbstractContextManager[Any]:
+        """The context every model step runs in: this backend's CPU fallback, or nothing when no op is declared."""
+        return self._fallback if self._fallback is not None else contextlib.nullcontext()
+
+    def load(self) -> None:
+        """Resolve and load the model now (otherwise the first request does it)."""
+        with self._serving():
+            self._ensure_loaded()
+
+    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages``."""
+        with self._serving():
+            _, tokenizer = self._ensure_loaded()
+            return tokenizer.encode_chat(messages)
+
+    def score(self, tokens: Sequence[int]) -> torch.Tensor:
+        """Teacher-forced logits ``[len(tokens), vocab]`` (float32, on the CPU) of ``tokens`` scored from scratch.
+
+        One forward pass on a fresh cache, under this backend's CPU fallback (counted like any
+        other step); the chat's own cache is left as it is.
+        """
+        with self._serving():
+            model, _ = self._ensure_loaded()
+            with self.fallback_scope(), torch.inference_mode():
+                return model(torch.tensor(list(tokens)), None, model.new_cache(len(tokens))).cpu()
+
+    def _ensure_loaded(self) -> tuple[Any, Any]:
+        if self._model is not None:
+            return self._model, self._tokenizer
+        from ..store import resolve_model
+
+        if self.device == "cuda" and not torch.cuda.is_available():
+            raise BackendUnavailableError("device='cuda' was asked for but torch sees no CUDA GPU")
+        if self.device == "mps" and not torch.backends.mps.is_available():
+            raise BackendUnavailableError("device='mps' was asked for but torch sees no Metal GPU")
+        path = resolve_model(self.model, pull=True, progress=False)
+        try:
+            model = Transformer.from_gguf(path, dtype=self.dtype, device=self.device)
+        except (RuntimeError, OSError) as exc:
+            raise BackendUnavailableError(f"torch could not load {path} on {self.device}: {exc}") from exc
+        tokenizer = Tokenizer(path)
+        limit = model.args.context_length
+        self.n_ctx = min(self._n_ctx_request, limit) if self._n_ctx_request else min(DEFAULT_N_CTX, limit)
+        self._cache = model.new_cache(self.n_ctx)
+        self._context = []
+        self.model_path, self._model, self._tokenizer = path, model, tokenizer
+        return model, tokenizer
+
+    def _free(self) -> None:
+        tokenizer, self._tokenizer = self._tokenizer, None
+        self._model = self._cache = None
+        self._context = []
+        if tokenizer is not None:
+            tokenizer.close()
+
+    # ------------------------------------------------------------------ the stream
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        """Yield the answer as OpenAI-shaped chunks; closing the iterator stops generation."""
+        return self._generate(request)
+
+    def _route(self, counts: dict[str, int] | None = None) -> RouteInfo:
+        dtype = str(self.dtype).removeprefix("torch.")
+        reason = f"on {self.device} with torch ({dtype}){_fallbacks_text(counts or {})}"
+        return RouteInfo(target="edge", backend=self.name, reason=reason)
+
+    def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+        reject_unsupported(request)
+        with self._serving():
+            model, tokenizer = self._ensure_loaded()
+            prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            if len(prompt) + 1 > self.n_ctx:
+                raise ContextOverflowError(
+                    len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
+                )
+            room = self.n_ctx - len(prompt)
+            params = sampling_params(request, min(request.max_tokens, room) if request.max_tokens else room)
+            cached = self._reuse_prefix(prompt)
+            before = self.fallbacks
+            tokens = generate(
+                model, tokenizer, prompt, params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
+                seed=params.seed, stop_at_eog=params.stop_at_eog, cache=self._cache,
+            )
+            answer = Answer(tokenizer, request.stop_sequences, len(prompt), params.max_new_tokens)
+            generated: list[int] = []
+            stats = self.stats
+            stats.requests += 1
+            stats.prompt_tokens += len(prompt)
+            stats.cached_tokens += cached
+            try:
+                token = self._next_token(tokens)  # the prefill: a failure here comes before any chunk
+                out = ChatChunks(self.model_name, self._route(), answer)
+                yield from out.start()
+                while token is not None:
+                    generated.append(token)
+                    stats.completion_tokens += 1
+                    yield from out.push(token)
+                    if answer.stopped:
+                        break
+                    token = self._next_token(tokens)
+                out.route = self._route({k: n - before.get(k, 0) for k, n in self.fallbacks.items()})
+                hit_length = len(generated) >= params.max_new_tokens
+                yield from out.finish(_Outcome("length" if hit_length else "stop", cached))
+            except (GeneratorExit, EdgeCloudError):
+                raise
+            except Exception as exc:
+                generated.clear()
+                self._cache.truncate(0)
+                raise BackendError(f"the torch backend failed while generating on {self.device}: {exc}") from exc
+            finally:
+                tokens.close()
+                # the cache holds the prompt and the answer up to its last decoded token
+                self._context = (prompt + generated)[: self._cache.length]
+
+    def _next_token(self, tokens: Iterator[int]) -> int | None:
+        """Run the loop to its next token (a prefill or one decode step) under the CPU fallback."""
+        with self.fallback_scope():
+            return next(tokens, None)
+
+    def _reuse_prefix(self, prompt: list[int]) -> int:
+        """Keep the longest prefix of ``prompt`` the cache already holds; return its length."""
+        keep = 0
+        if self.reuse_prefix:
+            keep = common_prefix_len_np(np.asarray(self._context, dtype=np.intc), np.asarray(prompt, dtype=np.intc))
+            keep = min(keep, len(prompt) - 1)  # the last prompt token is scored again for its logits
+        self._cache.truncate(keep)
+        self._context = self._context[:keep]
+        return keep
