@@ -216,3 +216,18 @@ def test_toml_example_holds_the_defaults_and_its_commented_keys_are_valid(tmp_pa
     uncommented = re.sub(r"^# (\w+ = .+)$", r"\1", example, flags=re.MULTILINE)
     s = load_settings(write(tmp_path / "b.toml", uncommented))
     assert s.cloud_base_url == ["https://api.openai.com/v1"] and s.router.target_cloud_fraction == 0.2
+
+
+def test_edge_runtime_picks_the_backend_class(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("torch")
+    from edgecloud import EdgeCloud
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+    from edgecloud.edge.torch import TorchBackend
+    from edgecloud.errors import ConfigError
+
+    monkeypatch.setenv("EDGECLOUD_EDGE_RUNTIME", "torch")
+    assert isinstance(EdgeCloud(edge_model="m.gguf").edge, TorchBackend)  # constructing loads nothing
+    monkeypatch.delenv("EDGECLOUD_EDGE_RUNTIME")
+    assert isinstance(EdgeCloud(edge_model="m.gguf").edge, LlamaCppBackend)
+    with pytest.raises(ConfigError, match="edge_runtime"):
+        EdgeCloud(config={"edge_runtime": "tpu"})

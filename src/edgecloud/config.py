@@ -136,6 +136,9 @@ class EdgeCloudSettings(BaseSettings):
         "qwen2.5-coder-0.5b-instruct-q4",
         description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
     )
+    edge_runtime: Literal["llamacpp", "torch"] = Field(
+        "llamacpp", description="Edge runtime: llama.cpp (INT4 as is) or torch (cuda/mps/cpu, per-op CPU fallback)."
+    )
     cloud_base_url: Annotated[list[_HttpUrl], NoDecode] = Field(
         default_factory=list, description="OpenAI-compatible endpoints (a list, or comma-separated).",
         examples=[["https://api.openai.com/v1"]],

@@ -145,7 +145,11 @@ class Hybrid(Backend):
         """The on-device backend (created on first use), or None when no edge model is configured."""
         if self._edge is None and self.settings.edge_model is not None:
             with self._lock:
-                if self._edge is None:
+                if self._edge is None and self.settings.edge_runtime == "torch":
+                    from .edge.torch import TorchBackend
+
+                    self._edge = TorchBackend(self.settings.edge_model, n_ctx=self.settings.n_ctx)
+                elif self._edge is None:
                     from .edge.llamacpp import LlamaCppBackend
 
                     self._edge = LlamaCppBackend(self.settings.edge_model, n_ctx=self.settings.n_ctx,
