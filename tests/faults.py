@@ -83,6 +83,15 @@ def json_reply(status: int, payload: Any, headers: dict[str, str] | None = None)
     return reply
 
 
+def hang_up() -> Reply:
+    """Close the connection without answering (a server restarting, or a stale keep-alive)."""
+
+    async def reply(writer: asyncio.StreamWriter) -> None:
+        return None
+
+    return reply
+
+
 def sse_reply(*events: str, cut: bool = False, stall: float = 0.0) -> Reply:
     """A chunked event stream; ``cut`` drops the connection before the last chunk of the body,
     ``stall`` waits that long after the events (a stuck server)."""

@@ -37,7 +37,7 @@ from edgecloud.errors import (
     RateLimitedError,
 )
 from edgecloud.types import ChatCompletionChunk, ChatRequest, collect_chunks
-from faults import USAGE, free_port, ScriptedServer, event, json_reply, sse_reply
+from faults import USAGE, free_port, ScriptedServer, event, hang_up, json_reply, sse_reply
 
 MODEL = "smollm2-test"
 KEY = "sk-test-key"
@@ -313,6 +313,18 @@ def test_always_503_gives_up_after_max_retries(scripted: ScriptedServer, mode: s
     assert isinstance(error, BackendUnavailableError) and not chunks
     assert "the engine is warming up" in str(error) and "after 3 attempts" in str(error)
     assert len(scripted.hits) == 3
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_connection_dropped_before_answering_is_retried(scripted: ScriptedServer, mode: str) -> None:
+    scripted.script(hang_up(), sse_reply(*ANSWER))
+    chunks, error = _drain(fast(scripted.url, max_retries=1), GREEDY, mode)
+    assert error is None and collect_chunks(chunks).text == "Hello"
+    assert len(scripted.hits) == 2
+    scripted.script(hang_up())
+    chunks, error = _drain(fast(scripted.url, max_retries=1), GREEDY, mode)
+    assert isinstance(error, BackendUnavailableError) and not chunks
+    assert "dropped the connection before answering after 2 attempts" in str(error)
 
 
 def test_429_after_retries_carries_retry_after(scripted: ScriptedServer) -> None:

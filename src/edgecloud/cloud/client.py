@@ -15,8 +15,8 @@ Rules:
   the stream collected, so both share retries and error mapping. Only the fields the caller
   set are sent; edgecloud's extensions (``route``, ``privacy``) never are, and ``model`` is
   always the backend's own (``request.model`` is ignored, as by every Backend).
-* Retries: connect errors, 429 and 503 are retried up to ``max_retries`` times, waiting the
-  server's ``Retry-After`` (seconds or HTTP-date; OpenAI's ``retry-after-ms`` first) when it
+* Retries: connect errors, connections dropped before any answer (a stale keep-alive), 429
+  and 503 are retried up to ``max_retries`` times, waiting the server's ``Retry-After`` (seconds or HTTP-date; OpenAI's ``retry-after-ms`` first) when it
   sends one, else ``backoff * 2**attempt`` with ±50 % jitter. A hint longer than
   ``max_retry_wait`` is not waited out: the error is raised at once so a fallback can go
   elsewhere. Nothing is retried once the status line was 2xx: text may have been delivered.
@@ -427,7 +427,10 @@ class CloudBackend(Backend):
         if isinstance(exc, httpx.TimeoutException):
             message = f"{url} did not answer within {self.read_timeout:g} s (read_timeout): {reason}"
             return _Failure(BackendError(message), cause=exc)
-        return _Failure(BackendUnavailableError(f"{url} dropped the connection before answering: {reason}"), cause=exc)
+        # Dropped before any answer: most often a pooled keep-alive connection the server had
+        # already closed; the request was not processed, so it is retried like a connect error.
+        message = f"{url} dropped the connection before answering{tries}: {reason}"
+        return _Failure(BackendUnavailableError(message), retryable=True, cause=exc)
 
     def _status_failure(self, response: httpx.Response, attempt: int) -> _Failure:
         try:
