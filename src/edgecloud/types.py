@@ -142,6 +142,14 @@ class StreamOptions(_Validated):
     include_usage: bool = False
 
 
+class SpeculativeOptions(_Validated):
+    """A request's limits on speculative decoding (an ``edgecloud serve`` extension): ``mode``
+    picks a proposer the server runs, or ``"off"``; ``k_max`` caps the draft length."""
+
+    mode: Literal["auto", "draft", "ngram", "off"] | None = None
+    k_max: int | None = Field(default=None, ge=1, le=32)
+
+
 class ChatRequest(_Validated):
     """A chat completion request: the OpenAI fields edgecloud honours, plus routing hints."""
 
@@ -167,6 +175,8 @@ class ChatRequest(_Validated):
     continue_final_message: bool = False
     #: vLLM's companion flag; only ``False`` (with ``continue_final_message``) is meaningful.
     add_generation_prompt: bool = True
+    #: edgecloud serve's extension: limits on speculative decoding for this request.
+    speculative: SpeculativeOptions | None = None
     # edgecloud extensions
     route: Literal["auto", "edge", "cloud"] = "auto"
     privacy: Literal["default", "local_only"] = "default"
@@ -221,6 +231,8 @@ class Usage(BaseModel):
     total_tokens: int = 0
     #: Prompt tokens whose KV state was reused from an earlier request (not recomputed).
     cached_tokens: int = 0
+    #: Speculative decoding figures (drafts, accepted tokens, k trace) when the server speculated.
+    speculative: dict[str, Any] | None = None
 
 
 class RouteInfo(BaseModel):

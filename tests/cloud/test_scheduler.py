@@ -8,7 +8,6 @@ it gives alone.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, generate, pack_linears, packing_supported
+from edgecloud.cloud.engine import Tokenizer, Transformer, generate, packing_supported
 from edgecloud.cloud.scheduler import SamplingParams, Scheduler
 from edgecloud.errors import ContextOverflowError, RateLimitedError
 from edgecloud.observability import ServerMetrics
@@ -29,15 +28,6 @@ QUESTIONS = [
     "Say hi.",
     "List two prime numbers.",
 ]
-
-
-@pytest.fixture(scope="module")
-def engine(smollm2_path: Path) -> Iterator[tuple[Transformer, Tokenizer]]:
-    model = Transformer.from_gguf(smollm2_path)
-    pack_linears(model)
-    tokenizer = Tokenizer(smollm2_path)
-    yield model, tokenizer
-    tokenizer.close()
 
 
 @pytest.fixture(scope="module")

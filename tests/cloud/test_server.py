@@ -308,3 +308,35 @@ def test_engine_behind_the_server(engine_backend: object) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             oai.chat.completions.create(model="engine", messages=QUESTION, logprobs=True, stream=True)
         assert info.value.param == "logprobs"
+
+
+def test_speculative_engine_behind_the_server(smollm2_path: Path, engine_backend: object) -> None:
+    from edgecloud.cloud.engine_backend import TorchEngineBackend
+    from edgecloud.cloud.speculative import SpecConfig
+
+    backend = TorchEngineBackend(smollm2_path, n_ctx=512, speculative=SpecConfig(mode="ngram", k_max=4, adaptive=False))
+    echo = [{"role": "user", "content": "Repeat exactly: one two three four five six seven eight nine ten."}]
+    try:
+        with _running(create_app(backend, model_name="spec")) as url, \
+                openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as oai:
+            answer = oai.chat.completions.create(model="spec", messages=echo, max_tokens=24, temperature=0)
+            plain = engine_backend.complete(ChatRequest(messages=echo, max_tokens=24, temperature=0))  # type: ignore[attr-defined]
+            assert answer.choices[0].message.content == plain.text  # greedy: identical to plain decoding
+            block = answer.usage.model_extra["speculative"]  # type: ignore[union-attr]
+            assert block["proposers"] == ["ngram"] and block["num_draft_tokens"] > 0
+            assert len(block["k_trace"]) > 0
+            # the request may narrow speculation, not ask for a proposer the server does not run
+            off = oai.chat.completions.create(model="spec", messages=echo, max_tokens=8, temperature=0,
+                                              extra_body={"speculative": {"mode": "off"}})
+            assert off.usage.model_extra.get("speculative") is None  # type: ignore[union-attr]
+            for options, param in (({"mode": "draft"}, "speculative.mode"), ({"k_max": 8}, "speculative.k_max"),
+                                   ({"k_max": 0}, None)):
+                with pytest.raises(openai.BadRequestError) as info:
+                    oai.chat.completions.create(model="spec", messages=echo, max_tokens=8,
+                                                extra_body={"speculative": options})
+                if param:
+                    assert info.value.param == param
+            metrics = httpx.get(f"{url}/metrics").text
+            assert 'edgecloud:spec_decode_num_drafts_total{model_name="' in metrics
+    finally:
+        backend.close()

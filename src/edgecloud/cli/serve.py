@@ -3,7 +3,8 @@
 Engines: ``torch`` (default; our engine with continuous batching, a prefix cache and
 fp32 / bf16 / fp8 weights), ``llamacpp`` (the INT4 GGUF as is, one request at a time) and
 ``vllm`` (builds and runs the equivalent ``vllm serve`` command, see
-:mod:`edgecloud.cloud.vllm`).
+:mod:`edgecloud.cloud.vllm`). With ``--draft-model`` / ``--spec`` the torch engine decodes
+speculatively (:mod:`edgecloud.cloud.speculative`).
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from ..errors import EdgeCloudError
 
 ENGINES = ("torch", "llamacpp", "vllm")
 QUANTS = ("auto", "fp32", "bf16", "fp8")
+#: ``--spec`` values (kept here so the CLI does not import torch to check an argument).
+SPEC_MODES = ("draft", "ngram", "auto", "off")
 DEFAULT_CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct-q4"
 
 
@@ -61,6 +64,13 @@ def serve_command(
         None, "--tensor-parallel-size", help="vllm: GPUs to split the model over (default: all visible)."
     ),
     dry_run: bool = typer.Option(False, "--dry-run", help="vllm: print the vllm serve command instead of running it."),
+    draft_model: str | None = typer.Option(
+        None, "--draft-model", help="torch: a small model with the same tokenizer to draft tokens (llama.cpp INT4)."
+    ),
+    spec: str | None = typer.Option(
+        None, "--spec", help="torch: speculative decoding: draft, ngram, auto or off (default: auto with --draft-model, else off)."
+    ),
+    spec_k_max: int = typer.Option(8, "--spec-k-max", min=1, max=32, help="torch: most draft tokens per step (adaptive below it)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
@@ -68,6 +78,13 @@ def serve_command(
         raise _fail(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
     if quant not in QUANTS:
         raise _fail(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
+    spec_mode = spec or ("auto" if draft_model else "off")
+    if spec_mode not in SPEC_MODES:
+        raise _fail(f"unknown --spec {spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
+    if spec_mode != "off" and engine != "torch":
+        raise _fail(f"--spec runs on --engine torch (for vllm pass its own --speculative-config); got --engine {engine}")
+    if spec_mode in ("draft", "auto") and not draft_model:
+        raise _fail(f"--spec {spec_mode} needs --draft-model (e.g. qwen2.5-coder-0.5b-instruct-q4 for a qwen2.5-coder target)")
     key = api_key or os.environ.get("EDGECLOUD_API_KEY")
     try:
         if engine == "vllm":
@@ -82,6 +99,7 @@ def serve_command(
 
         if engine == "torch":
             from ..cloud.engine_backend import TorchEngineBackend
+            from ..cloud.speculative import SpecConfig
 
             device, chosen = pick_device_and_precision(quant)
             keep: tuple[str, ...] = ()
@@ -93,7 +111,8 @@ def serve_command(
                     raise _fail(f"--quant-config applies to fp8 weights; this server runs {chosen}")
             backend = TorchEngineBackend(
                 model, precision=chosen, n_ctx=ctx, device=device, max_batch=max_batch, max_queue=max_queue,
-                fp8_skip=keep,
+                fp8_skip=keep, speculative=SpecConfig(mode=spec_mode, k_max=spec_k_max),  # type: ignore[arg-type]
+                draft_model=draft_model,
             )
         else:
             from ..edge.llamacpp import LlamaCppBackend

@@ -27,6 +27,7 @@ The request-to-chunks pieces (:class:`Answer`, :class:`ChatChunks`, :func:`rejec
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import threading
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -48,6 +49,7 @@ from ..types import (
     now,
 )
 from .completions import Completion, CompletionChoice, CompletionRequest, new_text_completion_id
+from .speculative import LlamaDraftProposer, NgramProposer, Proposer, SpecConfig, Speculator
 from .scheduler import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_QUEUE,
@@ -129,6 +131,7 @@ class Answer:
             completion_tokens=self.generated,
             total_tokens=self.prompt_tokens + self.generated,
             cached_tokens=seq.cached_tokens,
+            speculative=getattr(seq, "spec_summary", None),
         )
         return self.text.flush(), reason, usage
 
@@ -162,6 +165,8 @@ class TorchEngineBackend(Backend):
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
         pack: bool | None = None,
         fp8_skip: tuple[str, ...] = (),
+        speculative: SpecConfig | None = None,
+        draft_model: str | Path | None = None,
     ) -> None:
         from .engine import PRECISIONS
 
@@ -173,6 +178,10 @@ class TorchEngineBackend(Backend):
             raise ConfigError(f"max_batch must be at least 1, got {max_batch}")
         if max_queue < 0:
             raise ConfigError(f"max_queue must be >= 0, got {max_queue}")
+        self.speculative = speculative or SpecConfig()
+        if self.speculative.mode in ("draft", "auto") and draft_model is None:
+            raise ConfigError(f"speculative mode {self.speculative.mode!r} needs a draft model (--draft-model)")
+        self.draft_model = draft_model
         self.model = model
         self.model_name = Path(model).stem if isinstance(model, Path) or str(model).endswith(".gguf") else str(model)
         self.precision = precision
@@ -235,6 +244,11 @@ class TorchEngineBackend(Backend):
         self.n_ctx = min(self._n_ctx_request, limit) if self._n_ctx_request else min(DEFAULT_N_CTX, limit)
         self.model_path = path
         self._transformer, self._tokenizer = transformer, tokenizer
+        try:
+            speculator = self._speculator(tokenizer.vocab_size)
+        except BaseException:
+            tokenizer.close()
+            raise
         self._scheduler = Scheduler(
             transformer,
             eog_ids=tokenizer.eog_ids,
@@ -243,7 +257,23 @@ class TorchEngineBackend(Backend):
             prefix_cache_bytes=self.prefix_cache_bytes,
             max_context=self.n_ctx,
             metrics=self.metrics,
+            speculator=speculator,
         )
+
+    def _speculator(self, target_vocab: int) -> Speculator | None:
+        """The proposers ``speculative`` asks for (a draft model's vocabulary is checked against the target's)."""
+        config = self.speculative
+        if config.mode == "off":
+            return None
+        proposers: dict[str, Proposer] = {}
+        if config.allows("ngram"):
+            proposers["ngram"] = NgramProposer()
+        if config.allows("draft"):
+            assert self.draft_model is not None
+            proposers["draft"] = LlamaDraftProposer(
+                self.draft_model, target_vocab=target_vocab, max_seqs=self.max_batch, ctx_per_seq=self.n_ctx
+            )
+        return Speculator(config, proposers, metrics=self.metrics)
 
     def close(self) -> None:
         """Stop the scheduler (open streams end with BackendUnavailableError) and free the model."""
@@ -270,7 +300,22 @@ class TorchEngineBackend(Backend):
             raise ContextOverflowError(
                 len(prompt), self.n_ctx, detail=f" and {request.max_tokens} max_tokens were requested"
             )
-        return sampling_params(request, request.max_tokens or self.n_ctx - len(prompt))
+        params = sampling_params(request, request.max_tokens or self.n_ctx - len(prompt))
+        options = getattr(request, "speculative", None)
+        if options is None:
+            return params
+        if options.mode is not None and not self.speculative.allows(options.mode):
+            raise InvalidRequestError(
+                f"speculative.mode={options.mode!r} is not available on this server (it runs "
+                f"--spec {self.speculative.mode}); use 'off' or leave it out",
+                param="speculative.mode",
+            )
+        if options.k_max is not None and options.k_max > self.speculative.k_max:
+            raise InvalidRequestError(
+                f"speculative.k_max={options.k_max} exceeds this server's --spec-k-max {self.speculative.k_max}",
+                param="speculative.k_max",
+            )
+        return dataclasses.replace(params, spec_mode=options.mode, spec_k_max=options.k_max)
 
     def _submit(
         self, request: ChatRequest | CompletionRequest, loop: asyncio.AbstractEventLoop | None

@@ -49,6 +49,7 @@ from ..edge.prefix_cache import PrefixCache, SavedPrefix
 from ..errors import BackendError, BackendUnavailableError, ContextOverflowError, InvalidRequestError, RateLimitedError
 from ..observability.server_metrics import ServerMetrics
 from .engine import KVCache, Transformer, sample
+from .speculative import Planned, SpecState, Speculator
 
 __all__ = ["SamplingParams", "Scheduler", "Sequence"]
 
@@ -73,6 +74,9 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_at_eog: bool = True
+    #: The request's speculation limits: a proposer name or "off" (None: the server's choice), and a cap on k.
+    spec_mode: str | None = None
+    spec_k_max: int | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
@@ -104,6 +108,9 @@ class Sequence:
         self.arrival = time.perf_counter()
         self.last_token_at = 0.0
         self.cache: KVCache | None = None
+        #: Speculation controller while running; its summary (the usage's ``speculative`` block) once finished.
+        self.spec: SpecState | None = None
+        self.spec_summary: dict[str, Any] | None = None
         self._cancelled = threading.Event()
         self._loop = loop
         self._sync_events: queue.SimpleQueue[Any] | None = None if loop else queue.SimpleQueue()
@@ -177,6 +184,7 @@ class Scheduler:
         min_prefix: int = DEFAULT_MIN_PREFIX,
         max_context: int | None = None,
         metrics: ServerMetrics | None = None,
+        speculator: Speculator | None = None,
     ) -> None:
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
@@ -192,6 +200,8 @@ class Scheduler:
         self.min_prefix = max(1, min_prefix)
         self.max_context = max_context or model.args.context_length
         self.metrics = metrics
+        #: Speculative decoding (None: plain decoding); owned by the scheduler thread once running.
+        self.speculator = speculator
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._waiting: deque[Sequence] = deque()
         self._running: list[Sequence] = []
@@ -283,6 +293,8 @@ class Scheduler:
             self._fail_all(BackendError(f"the engine's scheduler failed: {exc}"))
             raise
         self._fail_all(BackendUnavailableError("the server is shutting down; the request was not finished"))
+        if self.speculator is not None:
+            self.speculator.close()
 
     def _next_step(self) -> bool:
         with self._cond:
@@ -327,6 +339,8 @@ class Scheduler:
             seq.cache.length = shared
             seq.cached_tokens = shared
             self.prefix_cache.touch(entry)
+        if self.speculator is not None:
+            seq.spec = self.speculator.admit(seq.id, seq.params.spec_mode, seq.params.spec_k_max)
         if self.metrics is not None:
             self.metrics.on_admitted(len(seq.prompt), seq.cached_tokens)
 
@@ -343,7 +357,7 @@ class Scheduler:
 
     def _step(self) -> None:
         batch: list[Sequence] = []
-        inputs: list[tuple[torch.Tensor, None, KVCache]] = []
+        chunks: list[list[int]] = []
         budget = self.max_prefill_tokens
         for seq in self._running:
             assert seq.cache is not None
@@ -355,12 +369,23 @@ class Scheduler:
                 budget -= len(chunk)
             else:
                 chunk = [seq.output[-1]]
-            self._ensure_room(seq, seq.cache.length + len(chunk))
             batch.append(seq)
+            chunks.append(chunk)
+        prefill = any(seq.prefilling for seq in batch)
+        planned = self._draft(batch, sum(len(c) for c in chunks)) if self.speculator is not None else {}
+        inputs: list[tuple[torch.Tensor, None, KVCache]] = []
+        keep: list[int] = []
+        for seq, chunk in zip(batch, chunks):
+            assert seq.cache is not None
+            plan = planned.get(seq.id)
+            if plan is not None:
+                chunk = chunk + plan.proposal.tokens
+            self._ensure_room(seq, seq.cache.length + len(chunk))
             inputs.append((torch.tensor(chunk, dtype=torch.long), None, seq.cache))
+            keep.append(len(chunk) if plan is not None else 1)
         started = time.perf_counter()
         try:
-            logits = self.model.forward_batch(inputs, last_only=True)
+            logits = self.model.forward_batch(inputs, keep=keep)
         except Exception as exc:
             logger.exception("engine step failed")
             error = BackendError(f"the torch engine failed while generating: {exc}")
@@ -368,24 +393,62 @@ class Scheduler:
                 self._retire(seq, "error", error)
             return
         finished_at = time.perf_counter()
+        rows = sum(int(t.shape[0]) for t, _, _ in inputs)
         self.steps += 1
-        self.rows += sum(int(t.shape[0]) for t, _, _ in inputs)
+        self.rows += rows
         self._step_seconds = 0.9 * self._step_seconds + 0.1 * (finished_at - started)
+        if self.speculator is not None:
+            self.speculator.observe_step(rows, finished_at - started, prefill=prefill)
+        decoding = sum(1 for seq in batch if not seq.prefilling)
         for seq, row in zip(batch, logits):
             if seq.prefilling or seq.cancelled:
                 continue
-            token = sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p, generator=seq._generator)
-            if seq.params.stop_at_eog and token in self.eog_ids:
-                self._retire(seq, "stop")
+            plan = planned.get(seq.id)
+            if plan is None:
+                tokens = [sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p,
+                                 generator=seq._generator)]
+            else:
+                assert self.speculator is not None and seq.cache is not None
+                verdict = self.speculator.verify(
+                    seq.id, plan, row, temperature=seq.params.temperature, top_p=seq.params.top_p,
+                    generator=seq._generator, rows=rows, batch=decoding,
+                )
+                # keep the KV of the last delivered token and the accepted drafts; the rest was rejected
+                seq.cache.truncate(seq.cache.length - len(plan.proposal.tokens) + verdict.accepted)
+                tokens = verdict.tokens
+            for token in tokens:
+                if not self._deliver(seq, token, finished_at):
+                    break
+
+    def _draft(self, batch: list[Sequence], rows: int) -> dict[int, Planned]:
+        """Drafts for this step's decoding sequences, each capped by its remaining tokens and context."""
+        assert self.speculator is not None
+        wanted = []
+        for seq in batch:
+            if seq.prefilling or seq.spec is None or seq.cancelled:
                 continue
-            first = not seq.output
-            seq.output.append(token)
-            if self.metrics is not None:
-                self.metrics.on_token(first, finished_at - (seq.arrival if first else seq.last_token_at))
-            seq.last_token_at = finished_at
-            seq._emit(token)
-            if len(seq.output) >= seq.params.max_new_tokens:
-                self._retire(seq, "length")
+            assert seq.cache is not None
+            # the last draft position must leave room for the bonus token, within max_tokens and the context
+            cap = min(seq.params.max_new_tokens - len(seq.output) - 1, self.max_context - seq.cache.length - 2)
+            wanted.append((seq.id, seq.prompt + seq.output, seq.params.temperature, seq.params.top_p,
+                           seq._generator, cap))
+        return self.speculator.draft(wanted, rows) if wanted else {}
+
+    def _deliver(self, seq: Sequence, token: int, at: float) -> bool:
+        """Hand ``token`` to the consumer; False when the sequence ended (end of generation, max_tokens)."""
+        if seq.params.stop_at_eog and token in self.eog_ids:
+            self._retire(seq, "stop")
+            return False
+        first = not seq.output
+        seq.output.append(token)
+        if self.metrics is not None:
+            self.metrics.on_token(first, at - (seq.arrival if first else seq.last_token_at))
+        seq.last_token_at = at
+        seq._emit(token)
+        if len(seq.output) >= seq.params.max_new_tokens:
+            self._retire(seq, "length")
+            return False
+        return True
 
     def _retire(self, seq: Sequence, reason: str, error: BaseException | None = None) -> None:
         """Take ``seq`` out of the batch, keep its KV as a prefix, and end its stream."""
@@ -406,6 +469,10 @@ class Scheduler:
 
     def _finish(self, seq: Sequence, reason: str, error: BaseException | None = None) -> None:
         seq.finish_reason = reason
+        if self.speculator is not None:
+            state = self.speculator.release(seq.id)
+            seq.spec = None
+            seq.spec_summary = state.summary() if state is not None else None
         if self.metrics is not None:
             self.metrics.on_finished(reason, time.perf_counter() - seq.arrival)
         seq._emit(error if error is not None else _End(reason))

@@ -27,9 +27,10 @@ import numpy as np
 
 from ..errors import BackendError, ContextOverflowError, InvalidRequestError
 from .chat_template import ChatTemplate
-from .llamacpp import _import_llama_cpp, _physical_cores, log_partition, token_piece
+from .chunks import log_partition
+from .llamacpp import _import_llama_cpp, _physical_cores, token_piece
 
-__all__ = ["BatchJob", "BatchResult", "BatchedGreedy"]
+__all__ = ["BatchJob", "BatchResult", "BatchedGreedy", "MultiSeqContext"]
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,95 @@ class _Running:
     logprobs: list[float] = field(default_factory=list)
 
 
+class MultiSeqContext:
+    """A llama.cpp context holding up to ``n_seq`` independent sequences, one KV stream each.
+
+    The low-level pieces :class:`BatchedGreedy` and the speculative draft proposer
+    (:mod:`edgecloud.cloud.speculative`) share: ``llm`` (the ``Llama`` object: weights,
+    tokenizer, metadata; its own context stays tiny), a batch to fill with :meth:`add`,
+    :meth:`decode`, the logits of a batch row, and :meth:`forget` to drop a sequence's cells.
+    """
+
+    def __init__(
+        self, model_path: str | Path, *, n_seq: int, n_ctx: int, n_batch: int, threads: int = 0, verbose: bool = False
+    ) -> None:
+        self._lib = lib = _import_llama_cpp()
+        threads = threads or _physical_cores()
+        self.n_seq, self.n_ctx, self.n_batch = n_seq, n_ctx, n_batch
+        self.llm = lib.Llama(model_path=str(model_path), n_ctx=256, n_threads=threads, verbose=verbose)
+        self.vocab = self.llm._model.vocab
+        self.n_vocab: int = self.llm.n_vocab()
+        params = lib.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
+        params.n_seq_max, params.n_threads, params.n_threads_batch = n_seq, threads, threads
+        # one KV stream per sequence: attention reads only its own cells (a unified cache would
+        # make every token attend over every sequence's cells, masked, which dominates a step)
+        params.kv_unified = False
+        self._ctx = lib.llama_init_from_model(self.llm._model.model, params)
+        if not self._ctx:
+            self.llm.close()
+            raise BackendError(f"llama.cpp could not create a {n_ctx}-token context for {n_seq} sequences")
+        self._memory = lib.llama_get_memory(self._ctx)
+        self._batch = lib.llama_batch_init(max(n_batch, n_seq), 0, 1)
+
+    @property
+    def room(self) -> int:
+        """Positions one sequence can hold."""
+        return self.n_ctx // self.n_seq
+
+    @property
+    def size(self) -> int:
+        """Tokens in the batch."""
+        return int(self._batch.n_tokens)
+
+    def clear(self) -> None:
+        """Empty the batch."""
+        self._batch.n_tokens = 0
+
+    def add(self, token: int, pos: int, seq: int, logits: bool) -> int:
+        """Append ``token`` at ``pos`` of sequence ``seq``; returns its batch row."""
+        b, i = self._batch, self._batch.n_tokens
+        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
+        b.seq_id[i][0] = seq
+        b.n_tokens = i + 1
+        return i
+
+    def decode(self) -> None:
+        """Run the batch."""
+        status = self._lib.llama_decode(self._ctx, self._batch)
+        if status != 0:
+            raise BackendError(f"llama_decode failed with status {status} (batch of {self._batch.n_tokens} tokens)")
+
+    def logits(self, row: int) -> Any:
+        """The logits of batch row ``row`` (added with ``logits=True``), as a numpy view valid until the next decode."""
+        return np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx, row), shape=(self.n_vocab,))
+
+    def prefill(self, seq: int, tokens: list[int], start: int = 0) -> Any:
+        """Evaluate ``tokens`` at positions ``start...`` of ``seq`` in ``n_batch`` chunks; the last row's logits."""
+        for first in range(0, len(tokens), self.n_batch):
+            self.clear()
+            for j, token in enumerate(tokens[first : first + self.n_batch]):
+                self.add(token, start + first + j, seq, first + j == len(tokens) - 1)
+            self.decode()
+        return self.logits(self.size - 1)
+
+    def forget(self, seq: int, start: int = 0) -> None:
+        """Drop positions ``>= start`` of sequence ``seq``."""
+        self._lib.llama_memory_seq_rm(self._memory, seq, start, -1)
+
+    def is_eog(self, token: int) -> bool:
+        """Whether ``token`` ends generation."""
+        return bool(self._lib.llama_vocab_is_eog(self.vocab, token))
+
+    def close(self) -> None:
+        """Free the context, the batch and the model."""
+        if self._ctx is not None:
+            self._lib.llama_batch_free(self._batch)
+            self._lib.llama_free(self._ctx)
+            self._ctx = None
+            self.llm.close()
+
+
 class BatchedGreedy:
     """Answer many chats greedily with up to ``parallel`` sequences decoding together.
 
@@ -92,30 +182,17 @@ class BatchedGreedy:
 
         self.parallel, self.n_ctx, self.n_batch = parallel, n_ctx, n_batch
         self.model_path = resolve_model(model, pull=True)
-        self._lib = lib = _import_llama_cpp()
-        threads = threads or _physical_cores()
-        # the Llama object owns the weights, tokenizer and metadata; its own context stays tiny
-        self._llm = lib.Llama(model_path=str(self.model_path), n_ctx=256, n_threads=threads, verbose=verbose)
-        self._vocab = self._llm._model.vocab
-        self._n_vocab = self._llm.n_vocab()
-        bos, eos = self._llm.token_bos(), self._llm.token_eos()
-        self._template = ChatTemplate.from_gguf_metadata(
-            self._llm.metadata,
-            bos_token=self._llm._model.token_get_text(bos) if bos != -1 else "",
-            eos_token=self._llm._model.token_get_text(eos) if eos != -1 else "",
+        self._seqs = MultiSeqContext(
+            self.model_path, n_seq=parallel, n_ctx=n_ctx, n_batch=n_batch, threads=threads, verbose=verbose
         )
-        params = lib.llama_context_default_params()
-        params.n_ctx, params.n_batch, params.n_ubatch = n_ctx, n_batch, n_batch
-        params.n_seq_max, params.n_threads, params.n_threads_batch = parallel, threads, threads
-        # one KV stream per sequence: attention reads only its own cells (a unified cache would
-        # make every token attend over every sequence's cells, masked, which dominates a step)
-        params.kv_unified = False
-        self._ctx = lib.llama_init_from_model(self._llm._model.model, params)
-        if not self._ctx:
-            self._llm.close()
-            raise BackendError(f"llama.cpp could not create a {n_ctx}-token context for {parallel} sequences")
-        self._memory = lib.llama_get_memory(self._ctx)
-        self._batch = lib.llama_batch_init(max(n_batch, parallel), 0, 1)
+        self._llm = llm = self._seqs.llm
+        self._lib, self._vocab = self._seqs._lib, self._seqs.vocab
+        bos, eos = llm.token_bos(), llm.token_eos()
+        self._template = ChatTemplate.from_gguf_metadata(
+            llm.metadata,
+            bos_token=llm._model.token_get_text(bos) if bos != -1 else "",
+            eos_token=llm._model.token_get_text(eos) if eos != -1 else "",
+        )
         self._pieces: dict[int, bytes] = {}
 
     # ------------------------------------------------------------------ public
@@ -154,7 +231,7 @@ class BatchedGreedy:
                 waiting.popleft()
                 seq = free.pop()
                 state = _Running(job, len(prompt), time.perf_counter(), pos=len(prompt))
-                logits = self._prefill(seq, prompt)
+                logits = self._seqs.prefill(seq, prompt)
                 done = self._take(state, logits)
                 if done is None:
                     running[seq] = state
@@ -165,15 +242,15 @@ class BatchedGreedy:
                 return  # nothing running means no free slot was refused: every job is done
             # one decode step for every running sequence
             order = list(running)
-            self._clear()
+            self._seqs.clear()
             for seq in order:
                 state = running[seq]
-                self._add(state.next_token, state.pos, seq, True)
-            self._decode()
+                self._seqs.add(state.next_token, state.pos, seq, True)
+            self._seqs.decode()
             for i, seq in enumerate(order):
                 state = running[seq]
                 state.pos += 1
-                done = self._take(state, self._logits(i))
+                done = self._take(state, self._seqs.logits(i))
                 if done is not None:
                     del running[seq]
                     yield self._finish(seq, state, done)
@@ -181,11 +258,7 @@ class BatchedGreedy:
 
     def close(self) -> None:
         """Free the context, the batch and the model."""
-        if self._ctx is not None:
-            self._lib.llama_batch_free(self._batch)
-            self._lib.llama_free(self._ctx)
-            self._ctx = None
-            self._llm.close()
+        self._seqs.close()
 
     def __enter__(self) -> BatchedGreedy:
         return self
@@ -194,32 +267,6 @@ class BatchedGreedy:
         self.close()
 
     # ------------------------------------------------------------------ internals
-
-    def _clear(self) -> None:
-        self._batch.n_tokens = 0
-
-    def _add(self, token: int, pos: int, seq: int, logits: bool) -> None:
-        b, i = self._batch, self._batch.n_tokens
-        b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = token, pos, 1, logits
-        b.seq_id[i][0] = seq
-        b.n_tokens = i + 1
-
-    def _decode(self) -> None:
-        status = self._lib.llama_decode(self._ctx, self._batch)
-        if status != 0:
-            raise BackendError(f"llama_decode failed with status {status} (batch of {self._batch.n_tokens} tokens)")
-
-    def _logits(self, index: int) -> Any:
-        return np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx, index), shape=(self._n_vocab,))
-
-    def _prefill(self, seq: int, prompt: list[int]) -> Any:
-        for start in range(0, len(prompt), self.n_batch):
-            chunk = prompt[start : start + self.n_batch]
-            self._clear()
-            for j, token in enumerate(chunk):
-                self._add(token, start + j, seq, start + j == len(prompt) - 1)
-            self._decode()
-        return self._logits(self._batch.n_tokens - 1)
 
     def _take(self, state: _Running, logits: Any) -> str | None:
         """Choose the next token greedily; the finish reason once the sequence is done."""
@@ -235,7 +282,7 @@ class BatchedGreedy:
         return "length" if len(state.pieces) >= state.job.max_tokens else None
 
     def _finish(self, seq: int, state: _Running, finish: str) -> BatchResult:
-        self._lib.llama_memory_seq_rm(self._memory, seq, -1, -1)
+        self._seqs.forget(seq)
         return BatchResult(
             key=state.job.key,
             text=b"".join(state.pieces).decode("utf-8", errors="replace"),

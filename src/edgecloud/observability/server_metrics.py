@@ -19,6 +19,21 @@ name                                       kind       meaning
 ``edgecloud:request_success_total``        counter    finished requests, by ``finished_reason``
 =========================================  =========  ======================================
 
+With speculative decoding on (``edgecloud serve --spec ...``), vLLM's ``spec_decode`` set, by
+``proposer`` (``draft`` or ``ngram``):
+
+=====================================================  =======  ==================================
+``edgecloud:spec_decode_num_drafts_total``             counter  verifications of a draft
+``edgecloud:spec_decode_num_draft_tokens_total``       counter  tokens proposed
+``edgecloud:spec_decode_num_accepted_tokens_total``    counter  of those, tokens the target kept
+``edgecloud:spec_decode_num_accepted_tokens_per_pos``  counter  accepted tokens by draft position
+``edgecloud:spec_decode_draft_failures_total``         counter  proposer errors (speculation is
+                                                                dropped for those sequences)
+``edgecloud:spec_decode_k``                            gauge    mean k chosen in the last step
+=====================================================  =======  ==================================
+
+Acceptance rate is ``accepted / draft_tokens``; mean acceptance length ``accepted / drafts``.
+
 As in vLLM, the prefix-cache counters count tokens, so ``hits / queries`` is the hit rate.
 The scheduler calls the ``on_*`` hooks from its own thread; prometheus_client's metrics are
 thread-safe.
@@ -70,6 +85,21 @@ class ServerMetrics:
         self.success = Counter(
             PREFIX + "request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
         )
+        spec = [*labels, "proposer"]
+        self.spec_drafts = Counter(PREFIX + "spec_decode_num_drafts", "Draft verifications.", spec, registry=r)
+        self.spec_draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed.", spec, registry=r)
+        self.spec_accepted = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens", "Draft tokens accepted.", spec, registry=r
+        )
+        self.spec_accepted_per_pos = Counter(
+            PREFIX + "spec_decode_num_accepted_tokens_per_pos", "Accepted draft tokens by position.", [*spec, "position"],
+            registry=r,
+        )
+        self.spec_failures = Counter(
+            PREFIX + "spec_decode_draft_failures", "Proposer errors (those sequences continue without drafts).", spec,
+            registry=r,
+        )
+        self.spec_k = Gauge(PREFIX + "spec_decode_k", "Mean draft length chosen in the last step.", labels, registry=r)
         for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
             metric.labels(model_name)  # present (at 0) from the start, as scrapers expect
 
@@ -95,6 +125,22 @@ class ServerMetrics:
         """A request ended (``stop``, ``length``, ``cancelled``, ``error``) ``seconds`` after arriving."""
         self.success.labels(self.model_name, reason).inc()
         self.e2e.labels(self.model_name).observe(seconds)
+
+    def on_draft(self, proposer: str, proposed: int, accepted: int) -> None:
+        """One verification: ``accepted`` of ``proposed`` draft tokens kept."""
+        self.spec_drafts.labels(self.model_name, proposer).inc()
+        self.spec_draft_tokens.labels(self.model_name, proposer).inc(proposed)
+        self.spec_accepted.labels(self.model_name, proposer).inc(accepted)
+        for position in range(accepted):
+            self.spec_accepted_per_pos.labels(self.model_name, proposer, str(position)).inc()
+
+    def on_draft_failure(self, proposer: str) -> None:
+        """The proposer raised; its sequences go on without speculation."""
+        self.spec_failures.labels(self.model_name, proposer).inc()
+
+    def set_spec_k(self, mean_k: float) -> None:
+        """Mean k over the sequences of the last step."""
+        self.spec_k.labels(self.model_name).set(mean_k)
 
     # ------------------------------------------------------------------ exposition
 

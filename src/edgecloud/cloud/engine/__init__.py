@@ -8,7 +8,7 @@ prepacked matmuls (fast small batches). Needs torch (``pip install 'edgecloud[cl
 
 from __future__ import annotations
 
-from .generate import Tokenizer, decode_one_token, generate, prefill, sample
+from .generate import Tokenizer, decode_one_token, generate, prefill, sample, sampling_probs
 from .linear import PackedLinear, pack_linears, packing_supported
 from .model import PRECISIONS, KVCache, ModelArgs, Transformer, param_bytes
 from .weights import GGUFFile, load_state_dict
@@ -29,4 +29,5 @@ __all__ = [
     "param_bytes",
     "prefill",
     "sample",
+    "sampling_probs",
 ]

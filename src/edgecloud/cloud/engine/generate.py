@@ -2,7 +2,7 @@
 
 This module owns :class:`Tokenizer` and the generation steps, named after what they do:
 :func:`prefill` (score a prompt into a KV cache), :func:`decode_one_token` (one new
-position), :func:`sample` (greedy or temperature / top-p) and :func:`generate` (the token
+position), :func:`sample` (greedy or temperature / top-p, from :func:`sampling_probs`) and :func:`generate` (the token
 iterator built from them).
 
 Tokenization is llama.cpp's own, loaded vocab-only
@@ -30,7 +30,7 @@ from ...edge.chat_template import ChatTemplate
 from ...errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from .model import KVCache, Transformer
 
-__all__ = ["Tokenizer", "decode_one_token", "generate", "prefill", "sample"]
+__all__ = ["Tokenizer", "decode_one_token", "generate", "prefill", "sample", "sampling_probs"]
 
 
 class Tokenizer:
@@ -123,18 +123,25 @@ def decode_one_token(model: Transformer, token: int, cache: KVCache) -> Tensor:
     return model(torch.tensor([token], dtype=torch.long), None, cache)[0]
 
 
+def sampling_probs(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
+    """Probabilities over the vocabulary (last dim) after temperature and nucleus (top-p) truncation:
+    the distribution :func:`sample` draws from (and speculative verification compares against)."""
+    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    if top_p < 1.0:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # always keeps the top token
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
 def sample(
     logits: Tensor, *, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None
 ) -> int:
     """Next token from ``logits[vocab]``: argmax when ``temperature <= 0``, else temperature + nucleus sampling."""
     if temperature <= 0:
         return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # always keeps the top token
-        probs = torch.zeros_like(probs).scatter_(0, order[keep], sorted_probs[keep])
-    return int(torch.multinomial(probs, 1, generator=generator))
+    return int(torch.multinomial(sampling_probs(logits, temperature, top_p), 1, generator=generator))
 
 
 def generate(

@@ -285,14 +285,21 @@ class Transformer(nn.Module):
         return self.forward_batch([(tokens, positions, cache)])[0]
 
     def forward_batch(
-        self, batch: Sequence[tuple[Tensor, Tensor | None, KVCache]], *, last_only: bool = False
+        self,
+        batch: Sequence[tuple[Tensor, Tensor | None, KVCache]],
+        *,
+        last_only: bool = False,
+        keep: Sequence[int] | None = None,
     ) -> list[Tensor]:
         """:meth:`forward` for several sequences at once: one matmul per layer for all their tokens.
 
         With ``last_only`` each sequence gets the logits of its last position only (``[1, vocab]``):
         a prefill then skips the lm_head for every other row, which on a 150k vocabulary is most
-        of a long prompt's cost after the layers.
+        of a long prompt's cost after the layers. ``keep`` generalises it: sequence ``i`` gets
+        the logits of its last ``keep[i]`` positions (a speculative verifier's ``k + 1``).
         """
+        if last_only:
+            keep = [1] * len(batch)
         segments: list[_Segment] = []
         all_tokens, all_positions = [], []
         start = 0
@@ -323,10 +330,11 @@ class Transformer(nn.Module):
             x = block(x, cos, sin, layer, segments)
         for seg in segments:
             seg.cache.length = seg.stop
-        if last_only:
-            x = x[torch.tensor([seg.end - 1 for seg in segments], device=x.device)]
-            logits = self.output(self.output_norm(x)).float()
-            return [logits[i : i + 1] for i in range(len(segments))]
+        if keep is not None:
+            counts = [max(1, min(int(n), seg.end - seg.start)) for n, seg in zip(keep, segments)]
+            rows = [r for n, seg in zip(counts, segments) for r in range(seg.end - n, seg.end)]
+            logits = self.output(self.output_norm(x[torch.tensor(rows, device=x.device)])).float()
+            return list(logits.split(counts))
         logits = self.output(self.output_norm(x)).float()
         return [logits[seg.start : seg.end] for seg in segments]
 
