@@ -29,6 +29,17 @@ def qwen05_path() -> Path:
     return resolve_model(QWEN05, pull=True, progress=False)
 
 
+@pytest.fixture(scope="session")
+def smollm2_onnx(smollm2_path: Path) -> Path:
+    """SmolLM2-135M exported by ``edgecloud export onnx`` (INT4, block 32): built once, then reused
+    from ``~/.cache/edgecloud/test-exports/`` while the GGUF file and the options are unchanged."""
+    pytest.importorskip("onnxruntime_genai")
+    from edgecloud.quant.export_onnx import cached_export
+    from edgecloud.store.cache import home_dir
+
+    return cached_export(smollm2_path, home_dir() / "test-exports")
+
+
 @pytest.fixture()
 def edgecloud_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty EDGECLOUD_HOME for tests that exercise the cache itself."""

@@ -115,10 +115,11 @@ class SerialBackend(Backend):
     """A Backend whose runtime serves one request at a time (a llama.cpp context, one torch
     model without a scheduler).
 
-    Subclasses wrap every use of the runtime in ``with self._serving():`` and free it in
-    :meth:`_free`. A second caller waits for the first stream to finish or be closed; a second
-    stream opened in the same thread raises BackendError instead of deadlocking; ``close()``
-    from the thread that holds an open stream frees the runtime when that stream ends.
+    Subclasses load the runtime in :meth:`_ensure_loaded` (what :meth:`load` and each request
+    call), wrap every use of it in ``with self._serving():`` and free it in :meth:`_free`. A
+    second caller waits for the first stream to finish or be closed; a second stream opened in
+    the same thread raises BackendError instead of deadlocking; ``close()`` from the thread
+    that holds an open stream frees the runtime when that stream ends.
     """
 
     def __init__(self) -> None:
@@ -154,6 +155,14 @@ class SerialBackend(Backend):
                 self._owner = None
                 if self._closed:
                     self._free()
+
+    def load(self) -> None:
+        """Load the runtime now (otherwise the first request does it)."""
+        with self._serving():
+            self._ensure_loaded()
+
+    def _ensure_loaded(self) -> Any:
+        """Load the runtime unless it is loaded, and return it (called with the lock held)."""
 
     def _free(self) -> None:
         """Release the runtime (called with the lock held)."""

@@ -20,13 +20,6 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
 from cloud.test_engine import _check_parity  # the engine's llama.cpp parity check, reused
-from edge.test_llamacpp import (  # the edge-backend contract, collected here against the torch ``backend``
-    test_closing_the_stream_stops_generation,
-    test_complete_is_the_stream_collected,
-    test_max_tokens_finishes_with_length,
-    test_same_seed_same_sample,
-    test_stop_string_is_never_emitted,
-)
 
 from edgecloud.cloud.engine import generate
 from edgecloud.edge.op_fallback import CpuFallback, DeviceCaps, device_caps

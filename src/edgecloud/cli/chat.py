@@ -5,7 +5,8 @@ stderr) so it composes in pipelines. The REPL keeps the conversation (the edge r
 reuses its KV prefix turn after turn), streams with rich, tags each answer with its route in
 a dim footer, and Ctrl-C stops the current answer, not the program. With ``--cloud-url`` the
 router picks edge or cloud per question (``--route`` pins it); ``/stats`` shows the totals.
-``--backend`` picks the edge runtime: llama.cpp (default) or torch (the engine on cuda/mps/cpu).
+``--backend`` picks the edge runtime: llama.cpp (default), torch (the engine on cuda/mps/cpu) or
+onnx (an ``edgecloud export onnx`` folder, given as ``--model DIR``, run by onnxruntime-genai).
 """
 
 from __future__ import annotations
@@ -35,8 +36,21 @@ def _torch_edge(model: str, ctx: int | None) -> Backend:
     return TorchBackend(model, n_ctx=ctx)
 
 
+def _onnx_edge(model: str, ctx: int | None) -> Backend:
+    from ..edge.onnx import OnnxBackend, load_manifest
+
+    load_manifest(model)  # a folder that is not an export fails here, before anything loads
+    return OnnxBackend(model, n_ctx=ctx)
+
+
 #: ``--backend``: how to build the edge runtime (None: the client's own, llama.cpp planned for ``--device``).
-EDGE_BACKENDS: dict[str, Callable[[str, int | None], Backend] | None] = {"llamacpp": None, "torch": _torch_edge}
+EDGE_BACKENDS: dict[str, Callable[[str, int | None], Backend] | None] = {
+    "llamacpp": None,
+    "torch": _torch_edge,
+    "onnx": _onnx_edge,
+}
+#: Backends whose ``--model`` is an export folder (``edgecloud export onnx --out DIR``), not a GGUF model to pull.
+_FOLDER_MODELS = frozenset({"onnx"})
 
 _HELP = ("/reset clears the conversation · /stats shows speed, routes and cost · /exit quits · "
          "Ctrl-C stops an answer")
@@ -122,7 +136,9 @@ def _take(
 
 def chat_command(
     prompt: str | None = typer.Option(None, "--prompt", "-p", help="Answer this one prompt and exit."),
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="Catalogue name or path to a .gguf file."),
+    model: str = typer.Option(
+        DEFAULT_MODEL, "--model", "-m", help="Catalogue name or path to a .gguf file (--backend onnx: an export folder)."
+    ),
     max_tokens: int | None = typer.Option(None, "--max-tokens", help="Most tokens to generate per answer."),
     temperature: float = typer.Option(0.7, "--temperature", "-t", help="0 = greedy."),
     system: str | None = typer.Option(None, "--system", help="System prompt (default: the model's own)."),
@@ -130,7 +146,7 @@ def chat_command(
     ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the planner's choice)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
     route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
-    backend: str = typer.Option("llamacpp", "--backend", help="Edge runtime: llamacpp or torch."),
+    backend: str = typer.Option("llamacpp", "--backend", help="Edge runtime: llamacpp, torch or onnx."),
     cloud_url: list[str] = typer.Option(
         [], "--cloud-url", help="OpenAI-compatible endpoint (repeat for fallbacks; or EDGECLOUD_CLOUD_BASE_URL)."
     ),
@@ -144,7 +160,7 @@ def chat_command(
     if route not in ("auto", "edge", "cloud"):
         raise typer.BadParameter(f"{route!r} is not a route; use auto, edge or cloud", param_hint="--route")
     if backend not in EDGE_BACKENDS:
-        raise typer.BadParameter(f"{backend!r} is not an edge backend; use {' or '.join(EDGE_BACKENDS)}",
+        raise typer.BadParameter(f"{backend!r} is not an edge backend; use {', '.join(EDGE_BACKENDS)}",
                                  param_hint="--backend")
     try:
         make_edge = EDGE_BACKENDS[backend]
@@ -158,7 +174,8 @@ def chat_command(
         # Load (and pull on first use, with a progress bar) before the first prompt.
         # Pull (with its progress bar) and verify before the spinner: rich shows one live
         # display at a time.
-        resolve_model(model, pull=True)
+        if backend not in _FOLDER_MODELS:
+            resolve_model(model, pull=True)
         edge = client.edge
         assert edge is not None  # --model always names one
         if prompt is None:

@@ -8,10 +8,9 @@ OpenAI-shaped stream and the edge's latency budget need it:
   and tokenized exactly as llama-cpp-python's ``Jinja2ChatFormatter`` does (special tokens
   parsed, no extra BOS);
 - a token-by-token decode loop: greedy is an ``argmax`` over the logits (no sampler call),
-  temperature / top-p / penalties / seed go through a llama.cpp sampler chain, logprobs are a
-  log-softmax of the same logits computed only when asked, text goes through
-  :class:`~edgecloud.edge.text_stream.TextStream` (whole UTF-8 characters, stop strings held
-  back);
+  temperature / top-p / penalties / seed go through a llama.cpp sampler chain; each token
+  then goes to :class:`~edgecloud.edge.chunks.AnswerChunks` (end-of-generation, logprobs as a
+  log-softmax of the same logits when asked, whole UTF-8 characters, stop strings held back);
 - prefix KV reuse: only the suffix after the longest common prefix with the tokens already
   in the llama.cpp context is evaluated; a conversation about to be overwritten is saved
   (llama.cpp's per-sequence state API) into a byte-bounded LRU
@@ -39,7 +38,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import numpy.typing as npt
 
 from ..backend import SerialBackend
 from ..errors import (
@@ -50,27 +48,21 @@ from ..errors import (
     EdgeCloudError,
     ModelIntegrityError,
 )
-from ..types import (
-    ChatCompletionChunk,
-    ChatRequest,
-    ChoiceDelta,
-    ChoiceLogprobs,
-    ChunkChoice,
-    RouteInfo,
-    TokenLogprob,
-    TopLogprob,
-    Usage,
-    new_completion_id,
-    now,
-)
+from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
 from .chat_template import ChatTemplate
+from .chunks import AnswerChunks
 from .device import detect_device
 from .gguf_info import read_gguf_spec
 from .memory import plan as plan_memory
 from .prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
-from .text_stream import TextStream
 
-__all__ = ["LlamaCppBackend", "LlamaCppStats", "DEFAULT_MODEL", "DEFAULT_PREFIX_CACHE_BYTES", "KV_CACHE_TYPES"]
+__all__ = [
+    "LlamaCppBackend",
+    "LlamaCppStats",
+    "DEFAULT_MODEL",
+    "DEFAULT_PREFIX_CACHE_BYTES",
+    "KV_CACHE_TYPES",
+]
 
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
 #: 256 MiB holds ~21k tokens of KV for the 0.5B model at f16 (12 KiB/token), i.e. a few dozen
@@ -136,12 +128,6 @@ def token_piece(lib: Any, vocab: Any, token: int) -> bytes:
         buf = ctypes.create_string_buffer(-n)
         n = lib.llama_token_to_piece(vocab, token, buf, -n, 0, False)
     return buf.raw[:n]
-
-
-def log_partition(logits: npt.NDArray[np.single]) -> float:
-    """``log(sum(exp(logits)))``, computed stably: a token's logprob is its logit minus this."""
-    peak = float(logits.max())
-    return peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
 
 
 def _import_llama_cpp() -> Any:
@@ -231,11 +217,6 @@ class LlamaCppBackend(SerialBackend):
         self.stats = LlamaCppStats()
 
     # ------------------------------------------------------------------ lifecycle
-
-    def load(self) -> None:
-        """Resolve, load and warm the model now (otherwise the first request does it)."""
-        with self._serving():
-            self._ensure_loaded()
 
     def _on_close(self) -> None:
         with self._prefetch_wake:
@@ -518,30 +499,6 @@ class LlamaCppBackend(SerialBackend):
         sampler.add_dist(seed)
         return sampler
 
-    def _logprob_entry(self, logits: npt.NDArray[np.single], token: int, top_n: int) -> TokenLogprob:
-        """Logprob of ``token`` (and the ``top_n`` best alternatives) under the model's distribution."""
-        log_z = log_partition(logits)
-        piece = self._piece(token)
-        tops: list[TopLogprob] = []
-        if top_n:
-            best = np.argpartition(logits, -top_n)[-top_n:]
-            best = best[np.argsort(-logits[best], kind="stable")]
-            for alt in best.tolist():
-                alt_piece = self._piece(alt)
-                tops.append(
-                    TopLogprob(
-                        token=alt_piece.decode("utf-8", errors="replace"),
-                        logprob=min(0.0, float(logits[alt]) - log_z),
-                        bytes=list(alt_piece),
-                    )
-                )
-        return TokenLogprob(
-            token=piece.decode("utf-8", errors="replace"),
-            logprob=min(0.0, float(logits[token]) - log_z),
-            bytes=list(piece),
-            top_logprobs=tops,
-        )
-
     # ------------------------------------------------------------------ the stream
 
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
@@ -582,12 +539,7 @@ class LlamaCppBackend(SerialBackend):
         sampler: Any,
     ) -> Iterator[ChatCompletionChunk]:
         lib, vocab, ctx, n_vocab = self._lib, self._vocab, llm.ctx, self._n_vocab
-        completion_id, created, model = new_completion_id(), now(), self.model_name
-        want_logprobs = request.logprobs
-        top_n = (request.top_logprobs or 0) if want_logprobs else 0
-        text = TextStream(request.stop_sequences)
-        pending: list[TokenLogprob] = []
-
+        want_logits = sampler is None or request.logprobs
         cached = self._prefill(prompt)
         stats = self.stats
         stats.requests += 1
@@ -595,65 +547,26 @@ class LlamaCppBackend(SerialBackend):
         stats.cached_tokens += cached
         stats.prefill_tokens += len(prompt) - cached
         route = RouteInfo(target="edge", backend=self.name, reason=f"on device ({self.device}) with llama.cpp")
-
-        def chunk(delta: ChoiceDelta, finish: Any = None, usage: Usage | None = None) -> ChatCompletionChunk:
-            logprobs = None
-            if want_logprobs and (pending or finish is not None):
-                logprobs = ChoiceLogprobs(content=list(pending))
-                pending.clear()
-            return ChatCompletionChunk(
-                id=completion_id,
-                created=created,
-                model=model,
-                choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)],
-                usage=usage,
-                route=route if finish is not None else None,
-            )
-
-        yield ChatCompletionChunk(
-            id=completion_id,
-            created=created,
-            model=model,
-            choices=[ChunkChoice(delta=ChoiceDelta(role="assistant", content=""))],
-            route=route,
-        )
-        generated = 0
-        finish = "length"
-        answer: list[str] = []
-        while generated < max_new:
-            if sampler is None or want_logprobs:
+        answer = AnswerChunks(request, self.model_name, route, self._piece, lambda t: lib.llama_vocab_is_eog(vocab, t))
+        yield answer.start()
+        logits = None
+        while answer.generated < max_new:
+            if want_logits:
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             token = int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, -1)
-            if not request.ignore_eos and lib.llama_vocab_is_eog(vocab, token):
-                finish = "stop"
+            counted = answer.generated
+            chunks = answer.push(token, logits)
+            stats.completion_tokens += answer.generated - counted
+            yield from chunks
+            if answer.done:
                 break
-            generated += 1
-            stats.completion_tokens += 1
-            if want_logprobs:
-                pending.append(self._logprob_entry(logits, token, top_n))
-            delta = text.push(self._piece(token))
-            if delta:
-                answer.append(delta)
-                yield chunk(ChoiceDelta(content=delta))
-            if text.stopped:
-                finish = "stop"
-                break
-            if generated < max_new:
+            if answer.generated < max_new:
                 llm.eval([token])
-        tail = text.flush()
-        if tail:
-            answer.append(tail)
-            yield chunk(ChoiceDelta(content=tail))
-        usage = Usage(
-            prompt_tokens=len(prompt),
-            completion_tokens=generated,
-            total_tokens=len(prompt) + generated,
-            cached_tokens=cached,
-        )
+        finish = list(answer.finish(len(prompt), cached))
         # queued now, run once this stream has released the context
         if request.continue_final_message:  # the answer extends the last (assistant) message
-            history = [*messages[:-1], {"role": "assistant", "content": messages[-1]["content"] + "".join(answer)}]
+            history = [*messages[:-1], {"role": "assistant", "content": messages[-1]["content"] + answer.text}]
         else:
-            history = [*messages, {"role": "assistant", "content": "".join(answer)}]
+            history = [*messages, {"role": "assistant", "content": answer.text}]
         self._schedule_prefetch(history)
-        yield chunk(ChoiceDelta(), finish=finish, usage=usage)
+        yield from finish

@@ -219,11 +219,6 @@ class TorchBackend(SerialBackend):
         """The context every model step runs in: this backend's CPU fallback, or nothing when no op is declared."""
         return self._fallback if self._fallback is not None else contextlib.nullcontext()
 
-    def load(self) -> None:
-        """Resolve and load the model now (otherwise the first request does it)."""
-        with self._serving():
-            self._ensure_loaded()
-
     def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt tokens this backend evaluates for ``messages``."""
         with self._serving():

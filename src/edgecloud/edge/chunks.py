@@ -1,0 +1,155 @@
+"""One answer decoded token by token, as the OpenAI-shaped chunks every edge runtime streams.
+
+This module owns :class:`AnswerChunks`, the part of a decode loop that does not depend on the
+runtime: the role chunk, end-of-generation ids (unless ``ignore_eos``), text deltas through
+:class:`~edgecloud.edge.text_stream.TextStream` (whole UTF-8 characters, stop strings held
+back and never emitted), logprobs per token when asked (:func:`token_logprob`, a log-softmax of
+the runtime's logits), and the finish chunk with the reason, usage and route. The llama.cpp and
+ONNX Runtime backends run their model and sampler, and hand each new token here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..types import (
+    ChatCompletionChunk,
+    ChatRequest,
+    ChoiceDelta,
+    ChoiceLogprobs,
+    ChunkChoice,
+    RouteInfo,
+    TokenLogprob,
+    TopLogprob,
+    Usage,
+    new_completion_id,
+    now,
+)
+from .text_stream import TextStream
+
+__all__ = ["AnswerChunks", "log_partition", "token_logprob"]
+
+
+def log_partition(logits: npt.NDArray[np.single]) -> float:
+    """``log(sum(exp(logits)))``, computed stably: a token's logprob is its logit minus this."""
+    peak = float(logits.max())
+    return peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
+
+
+def token_logprob(
+    logits: npt.NDArray[np.single], token: int, top_n: int, piece: Callable[[int], bytes]
+) -> TokenLogprob:
+    """Logprob of ``token`` (and the ``top_n`` most likely alternatives, best first) under the
+    distribution ``logits`` defines; ``piece`` gives a token's bytes."""
+    log_z = log_partition(logits)
+    tops: list[TopLogprob] = []
+    if top_n:
+        best = np.argpartition(logits, -top_n)[-top_n:]
+        best = best[np.argsort(-logits[best], kind="stable")]
+        for alt in best.tolist():
+            alt_piece = piece(alt)
+            tops.append(
+                TopLogprob(
+                    token=alt_piece.decode("utf-8", errors="replace"),
+                    logprob=min(0.0, float(logits[alt]) - log_z),
+                    bytes=list(alt_piece),
+                )
+            )
+    chosen = piece(token)
+    return TokenLogprob(
+        token=chosen.decode("utf-8", errors="replace"),
+        logprob=min(0.0, float(logits[token]) - log_z),
+        bytes=list(chosen),
+        top_logprobs=tops,
+    )
+
+
+class AnswerChunks:
+    """Chunks of one answer: :meth:`start`, then :meth:`push` each sampled token until :attr:`done`
+    (or the token budget runs out), then :meth:`finish`.
+
+    ``piece`` gives a token's bytes (control tokens as nothing), ``is_eog`` whether generation
+    ends at a token; ``route`` goes on the first and the last chunk.
+    """
+
+    def __init__(
+        self,
+        request: ChatRequest,
+        model: str,
+        route: RouteInfo,
+        piece: Callable[[int], bytes],
+        is_eog: Callable[[int], bool],
+    ) -> None:
+        self.id, self.created, self.model, self.route = new_completion_id(), now(), model, route
+        self._piece, self._is_eog = piece, is_eog
+        self._ignore_eos = request.ignore_eos
+        self._want_logprobs = request.logprobs
+        self._top_n = (request.top_logprobs or 0) if request.logprobs else 0
+        self._text = TextStream(request.stop_sequences)
+        self._pending: list[TokenLogprob] = []
+        self._parts: list[str] = []
+        #: Tokens of the answer so far (end-of-generation tokens are not counted).
+        self.generated = 0
+        #: True once an end-of-generation token or a stop string ended the answer.
+        self.done = False
+        self.finish_reason = "length"
+
+    @property
+    def text(self) -> str:
+        """The answer text emitted so far."""
+        return "".join(self._parts)
+
+    def _chunk(self, delta: ChoiceDelta, finish: Any = None, usage: Usage | None = None) -> ChatCompletionChunk:
+        logprobs = None
+        if self._want_logprobs and (self._pending or finish is not None):
+            logprobs = ChoiceLogprobs(content=list(self._pending))
+            self._pending.clear()
+        return ChatCompletionChunk(
+            id=self.id,
+            created=self.created,
+            model=self.model,
+            choices=[ChunkChoice(delta=delta, finish_reason=finish, logprobs=logprobs)],
+            usage=usage,
+            route=self.route if finish is not None or delta.role else None,
+        )
+
+    def start(self) -> ChatCompletionChunk:
+        """The role chunk (with the route)."""
+        return self._chunk(ChoiceDelta(role="assistant", content=""))
+
+    def push(self, token: int, logits: npt.NDArray[np.single] | None = None) -> list[ChatCompletionChunk]:
+        """Take the next sampled token (``logits``: the distribution it came from, for logprobs);
+        returns the chunks to send now (none while text is held back). :attr:`generated` counts
+        it before anything is sent, so a caller's counters are right even if the stream is closed."""
+        if not self._ignore_eos and self._is_eog(token):
+            self.finish_reason, self.done = "stop", True
+            return []
+        self.generated += 1
+        if self._want_logprobs:
+            assert logits is not None, "logprobs need the logits the token was sampled from"
+            self._pending.append(token_logprob(logits, token, self._top_n, self._piece))
+        delta = self._text.push(self._piece(token))
+        if self._text.stopped:
+            self.finish_reason, self.done = "stop", True
+        if not delta:
+            return []
+        self._parts.append(delta)
+        return [self._chunk(ChoiceDelta(content=delta))]
+
+    def finish(self, prompt_tokens: int, cached_tokens: int) -> Iterator[ChatCompletionChunk]:
+        """The held-back text, then the finish chunk with usage and route."""
+        tail = self._text.flush()
+        if tail:
+            self._parts.append(tail)
+            yield self._chunk(ChoiceDelta(content=tail))
+        usage = Usage(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=self.generated,
+            total_tokens=prompt_tokens + self.generated,
+            cached_tokens=cached_tokens,
+        )
+        yield self._chunk(ChoiceDelta(), finish=self.finish_reason, usage=usage)
