@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +40,20 @@ def smollm2_onnx(smollm2_path: Path) -> Path:
     from edgecloud.store.cache import home_dir
 
     return cached_export(smollm2_path, home_dir() / "test-exports")
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path: Path) -> Iterator[tuple[Any, Any]]:
+    """``(Transformer, Tokenizer)``: SmolLM2 on the torch engine (fp32, oneDNN-packed), one per test module."""
+    pytest.importorskip("torch")
+    pytest.importorskip("llama_cpp")
+    from edgecloud.cloud.engine import Tokenizer, Transformer, pack_linears
+
+    model = Transformer.from_gguf(smollm2_path)
+    pack_linears(model)
+    tokenizer = Tokenizer(smollm2_path)
+    yield model, tokenizer
+    tokenizer.close()
 
 
 @pytest.fixture()

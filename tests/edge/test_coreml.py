@@ -17,13 +17,15 @@ pytest.importorskip("coremltools")
 
 import torch
 
-from conftest import SMOLLM2
 from edgecloud.cloud.engine import Tokenizer, Transformer, generate
 from edgecloud.edge.chunks import AnswerChunks
 from edgecloud.edge.coreml import CoreMLBackend, Step, coreml_unavailable_reason, stream_answer
 from edgecloud.errors import BackendUnavailableError
 from edgecloud.quant.export_coreml import StatefulDecoder, causal_mask, trace_decoder
 from edgecloud.types import ChatCompletionChunk, ChatRequest, RouteInfo
+
+#: tests/conftest.py cannot be imported by name (other conftest.py files share the name)
+SMOLLM2 = "smollm2-135m-instruct-q4"
 
 CONTEXT = 64
 MESSAGES = [{"role": "user", "content": "Count from one to five."}]

@@ -20,7 +20,6 @@ pytest.importorskip("coremltools")
 
 import torch
 
-from conftest import SMOLLM2
 from edgecloud.cloud.engine import GGUFFile, Tokenizer, Transformer
 from edgecloud.errors import InvalidRequestError, ModelNotFoundError
 from edgecloud.store import home_dir
@@ -33,6 +32,9 @@ from edgecloud.quant.export_coreml import (
     package_tokenizer,
     trace_decoder,
 )
+
+#: tests/conftest.py cannot be imported by name (other conftest.py files share the name)
+SMOLLM2 = "smollm2-135m-instruct-q4"
 
 CONTEXT = 64
 BLOCK = 32

@@ -189,11 +189,9 @@ class SpecState:
             return max(self.proposers, key=lambda n: self.acceptance[n].rate), self.k_max
         best, best_k, best_gain = "", 0, 1.0
         for name in self.proposers:
-            alpha = self.acceptance[name].rate
-            for k in range(1, self.k_max + 1):
-                gain = speedup(alpha, k, step=step, row=row, draft=draft_cost.get(name, 0.0), batch=batch)
-                if gain > best_gain:
-                    best, best_k, best_gain = name, k, gain
+            k, gain = self.best_k(name, step=step, row=row, draft_cost=draft_cost, batch=batch)
+            if gain > best_gain:
+                best, best_k, best_gain = name, k, gain
         self._probing = False
         if best_k and best_gain >= self.config.min_gain:
             self.off_steps = 0
@@ -205,6 +203,16 @@ class SpecState:
             best = max(self.proposers, key=lambda n: self.acceptance[n].rate)
             best_k, self._probing, self.off_steps = min(self.config.probe_k, self.k_max), True, 0
         return best, best_k
+
+    def best_k(self, name: str, *, step: float, row: float, draft_cost: dict[str, float], batch: int) -> tuple[int, float]:
+        """The k in ``[1, k_max]`` with the highest expected speedup for proposer ``name``, and that speedup
+        (no state changes: also used when a free proposer had nothing and another one is asked instead)."""
+        if not self.config.adaptive:
+            return self.k_max, float("inf")
+        alpha, cost = self.acceptance[name].rate, draft_cost.get(name, 0.0)
+        gains = [(speedup(alpha, k, step=step, row=row, draft=cost, batch=batch), k) for k in range(1, self.k_max + 1)]
+        gain, k = max(gains)
+        return k, gain
 
     def record(self, proposer: str, proposed: int, accepted: int, *, step: float, row: float,
                draft_cost: dict[str, float], batch: int) -> None:

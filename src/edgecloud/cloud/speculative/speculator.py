@@ -100,6 +100,7 @@ class Speculator:
         step, row = self._step_figures(rows)
         batch = len(sequences)
         wanted: dict[str, list[DraftRequest]] = {}
+        caps = {key: cap for key, *_, cap in sequences}
         for key, tokens, temperature, top_p, generator, cap in sequences:
             state = self.states.get(key)
             if state is None:
@@ -119,7 +120,12 @@ class Speculator:
                 if proposal.tokens:
                     planned[request.key] = Planned(name, proposal)
                 elif name == "ngram" and "draft" in self.proposers and "draft" in self.states[request.key].proposers:
-                    wanted.setdefault("draft", []).append(request)
+                    # the k chosen for a free proposer is no k for a paid one: choose again for the draft model
+                    k, gain = self.states[request.key].best_k("draft", step=step, row=row, draft_cost=self.draft_cost,
+                                                                batch=batch)
+                    if gain >= self.config.min_gain:
+                        request.k = min(k, caps[request.key])
+                        wanted.setdefault("draft", []).append(request)
         for key, *_ in sequences:
             state = self.states.get(key)
             if state is not None:
