@@ -132,7 +132,6 @@ def main() -> int:
     report: dict[str, Any] = {"target": args.target, "draft": args.draft, "prompts": args.prompts,
                               "max_tokens": args.max_tokens, "k_max": args.k_max,
                               "load_seconds": round(time.perf_counter() - load_started, 1), "workloads": {}}
-    draft: LlamaDraftProposer | None = None
     for name in names:
         spec = WORKLOADS[name]
         prompts = [tokenizer.encode_chat(chat) for chat in spec["prompts"](args.prompts)]
@@ -140,12 +139,10 @@ def main() -> int:
         params = SamplingParams(args.max_tokens, temperature=spec["temperature"], seed=args.seed,
                                 stop_at_eog=greedy)  # sampled prose runs to max_tokens in both runs
         proposers: dict[str, Proposer] = {"ngram": NgramProposer()}
-        if spec["mode"] in ("draft", "auto"):
-            if draft is None:
-                draft = LlamaDraftProposer(args.draft, target_vocab=tokenizer.vocab_size, max_seqs=1, ctx_per_seq=4096)
-            proposers["draft"] = draft
+        if spec["mode"] in ("draft", "auto"):  # a fresh one per workload: the scheduler closes its speculator
+            proposers["draft"] = LlamaDraftProposer(args.draft, target_vocab=tokenizer.vocab_size, max_seqs=1,
+                                                    ctx_per_seq=4096)
         speculator = Speculator(SpecConfig(mode=spec["mode"], k_max=args.k_max), proposers)
-        speculator.close = lambda: None  # type: ignore[method-assign]  # the draft model is reused across workloads
         print(f"[{name}] plain...", file=sys.stderr, flush=True)
         plain = run(model, tokenizer, prompts, params, None)
         print(f"[{name}] speculative...", file=sys.stderr, flush=True)
@@ -175,8 +172,6 @@ def main() -> int:
             result["identical_requests"] = sum(a == b for a, b in zip(plain["outputs"], fast["outputs"]))
         report["workloads"][name] = result
         print(f"[{name}] {result['speedup']}x", file=sys.stderr, flush=True)
-    if draft is not None:
-        draft.close()
     tokenizer.close()
     print(json.dumps(report, indent=1))
     return 0

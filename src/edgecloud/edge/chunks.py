@@ -29,9 +29,24 @@ from ..types import (
     new_completion_id,
     now,
 )
+from ..errors import ContextOverflowError
 from .text_stream import TextStream
 
-__all__ = ["AnswerChunks", "log_partition", "token_logprob"]
+__all__ = ["AnswerChunks", "answer_budget", "log_partition", "token_logprob"]
+
+
+def answer_budget(
+    prompt_tokens: int, n_ctx: int, max_tokens: int | None,
+    detail: str = " (with at least 1 token of room for the answer)",
+) -> int:
+    """Tokens the answer may take: ``max_tokens`` capped by the context left after the prompt.
+
+    Raises :class:`~edgecloud.errors.ContextOverflowError` when the prompt leaves no room at all.
+    """
+    if prompt_tokens + 1 > n_ctx:
+        raise ContextOverflowError(prompt_tokens, n_ctx, detail=detail)
+    room = n_ctx - prompt_tokens
+    return min(max_tokens, room) if max_tokens else room
 
 
 def log_partition(logits: npt.NDArray[np.single]) -> float:

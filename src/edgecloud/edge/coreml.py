@@ -43,14 +43,13 @@ from ..errors import (
     BackendError,
     BackendUnavailableError,
     ConfigError,
-    ContextOverflowError,
     EdgeCloudError,
     InvalidRequestError,
     ModelIntegrityError,
     ModelNotFoundError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .chunks import AnswerChunks
+from .chunks import AnswerChunks, answer_budget
 
 __all__ = ["COMPUTE_UNITS", "MIN_MACOS", "CoreMLBackend", "Step", "coreml_unavailable_reason", "stream_answer"]
 
@@ -204,12 +203,10 @@ class CoreMLBackend(SerialBackend):
         with self._serving():
             model, tokenizer = self._ensure_loaded()
             prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
-            if len(prompt) + 1 > self.n_ctx:
-                raise ContextOverflowError(
-                    len(prompt), self.n_ctx, detail=" (the package's --context, with 1 token of room for the answer)"
-                )
-            room = self.n_ctx - len(prompt)
-            max_new = min(request.max_tokens, room) if request.max_tokens else room
+            max_new = answer_budget(
+                len(prompt), self.n_ctx, request.max_tokens,
+                " (the package's --context, with 1 token of room for the answer)",
+            )
             answer = AnswerChunks(
                 request, self.model_name, self._route(), lambda t: tokenizer.token_to_piece(t, special=False),
                 tokenizer.is_eog,

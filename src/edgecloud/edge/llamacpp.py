@@ -44,13 +44,12 @@ from ..errors import (
     BackendError,
     BackendUnavailableError,
     ConfigError,
-    ContextOverflowError,
     EdgeCloudError,
     ModelIntegrityError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
 from .chat_template import ChatTemplate
-from .chunks import AnswerChunks
+from .chunks import AnswerChunks, answer_budget
 from .device import detect_device
 from .gguf_info import read_gguf_spec
 from .memory import plan as plan_memory
@@ -511,12 +510,7 @@ class LlamaCppBackend(SerialBackend):
             self._started += 1
             messages = request.message_dicts()
             prompt = self._encode_chat(messages, continue_final=request.continue_final_message)
-            if len(prompt) + 1 > self.n_ctx:
-                raise ContextOverflowError(
-                    len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
-                )
-            room = self.n_ctx - len(prompt)
-            max_new = min(request.max_tokens, room) if request.max_tokens else room
+            max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
             sampler = self._make_sampler(request)
             try:
                 yield from self._decode(llm, request, messages, prompt, max_new, sampler)

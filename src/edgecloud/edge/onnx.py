@@ -42,14 +42,13 @@ from ..errors import (
     BackendError,
     BackendUnavailableError,
     ConfigError,
-    ContextOverflowError,
     EdgeCloudError,
     ModelIntegrityError,
     ModelNotFoundError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
 from .chat_template import ChatTemplate
-from .chunks import AnswerChunks
+from .chunks import AnswerChunks, answer_budget
 from .device import detect_device
 from .llamacpp import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_LAST_N
 from .memory import N_BATCH, plan_onnx
@@ -324,12 +323,7 @@ class OnnxBackend(SerialBackend):
         with self._serving():
             self._ensure_loaded()
             prompt = self._encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
-            if len(prompt) + 1 > self.n_ctx:
-                raise ContextOverflowError(
-                    len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
-                )
-            room = self.n_ctx - len(prompt)
-            max_new = min(request.max_tokens, room) if request.max_tokens else room
+            max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
             try:
                 yield from self._decode(request, prompt, max_new)
             except (GeneratorExit, EdgeCloudError):

@@ -59,8 +59,9 @@ import torch
 from ..backend import SerialBackend
 from ..cloud.engine import Tokenizer, Transformer, generate
 from ..cloud.engine_backend import DEFAULT_MODEL, DEFAULT_N_CTX, Answer, ChatChunks, reject_unsupported, sampling_params
-from ..errors import BackendError, BackendUnavailableError, ConfigError, ContextOverflowError, EdgeCloudError
+from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+from .chunks import answer_budget
 from .device import detect_device
 from .op_fallback import CpuFallback, DeviceCaps, device_caps
 from .prefix_cache import common_prefix_len_np
@@ -281,12 +282,7 @@ class TorchBackend(SerialBackend):
         with self._serving():
             model, tokenizer = self._ensure_loaded()
             prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
-            if len(prompt) + 1 > self.n_ctx:
-                raise ContextOverflowError(
-                    len(prompt), self.n_ctx, detail=" (with at least 1 token of room for the answer)"
-                )
-            room = self.n_ctx - len(prompt)
-            params = sampling_params(request, min(request.max_tokens, room) if request.max_tokens else room)
+            params = sampling_params(request, answer_budget(len(prompt), self.n_ctx, request.max_tokens))
             cached = self._reuse_prefix(prompt)
             before = self.fallbacks
             tokens = generate(

@@ -59,6 +59,9 @@ class Proposer(abc.ABC):
     """Proposes draft tokens for several sequences at once; keeps whatever per-sequence state it needs."""
 
     name: ClassVar[str] = ""
+    #: Seconds the last :meth:`propose` spent drafting, when the proposer measures it more
+    #: fairly than the caller's wall clock can (None: the caller times the call).
+    last_seconds: float | None = None
 
     @abc.abstractmethod
     def propose(self, requests: list[DraftRequest]) -> list[Proposal]:
@@ -133,10 +136,10 @@ class LlamaDraftProposer(Proposer):
         self._slots: dict[int, int] = {}
         self._held: dict[int, list[int]] = {}  # slot -> the tokens its KV holds
         self._free = list(range(max_seqs - 1, -1, -1))
-        #: Seconds the last :meth:`propose` spent drafting: the draft loop and short catch-ups
-        #: (the tokens verification accepted), not the first prefill of a new prompt, which is paid
-        #: once per sequence and would make drafting look far dearer per token than it is.
-        self.last_seconds: float | None = None
+        # last_seconds counts the draft loop and short catch-ups (the tokens verification
+        # accepted), not the first prefill of a new prompt: that is paid once per sequence and
+        # would make drafting look far dearer per token than it is.
+        self.last_seconds = None
 
     def _slot(self, key: int) -> int | None:
         slot = self._slots.get(key)

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from ...errors import InvalidRequestError
+from ...errors import ConfigError
 from ...observability.server_metrics import ServerMetrics
 from .adaptive import Acceptance, SpecConfig, SpecState, StepCost
 from .proposers import DraftRequest, Proposal, Proposer
@@ -52,7 +52,7 @@ class Speculator:
     def __init__(self, config: SpecConfig, proposers: dict[str, Proposer], *, metrics: ServerMetrics | None = None) -> None:
         usable = [n for n in ("draft", "ngram") if config.allows(n) and n in proposers]
         if config.mode != "off" and not usable:
-            raise InvalidRequestError(f"speculative mode {config.mode!r} needs a proposer; none was configured")
+            raise ConfigError(f"speculative mode {config.mode!r} needs a proposer; none was configured")
         self.config = config
         self.proposers = {n: proposers[n] for n in usable}
         self.metrics = metrics
@@ -141,9 +141,8 @@ class Speculator:
             started = time.perf_counter()
             proposals = proposer.propose(requests)
             seconds = time.perf_counter() - started
-            reported = getattr(proposer, "last_seconds", None)  # a proposer may know better (one-off prefills)
-            if reported is not None:
-                seconds = reported
+            if proposer.last_seconds is not None:  # the proposer knows better (one-off prefills)
+                seconds = proposer.last_seconds
         except Exception as exc:  # noqa: BLE001 - a draft failure never fails the request
             logger.warning("proposer %s failed, %d sequences continue without speculation: %s", name, len(requests), exc)
             for request in requests:
