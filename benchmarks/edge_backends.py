@@ -68,6 +68,22 @@ def _torch(model: Path, onnx_dir: Path | None, threads: int) -> Any:
 FACTORIES: dict[str, Callable[[Path, Path | None, int], Any]] = {"llamacpp": _llamacpp, "onnx": _onnx, "torch": _torch}
 
 
+def _peak_rss_kib() -> int:
+    """This process's peak resident memory in KiB.
+
+    On Linux, VmHWM from /proc: ``ru_maxrss`` survives ``execve``, so a child started by a
+    parent that once held gigabytes (an export, another backend) would report the parent's peak.
+    """
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak // 1024 if sys.platform == "darwin" else peak  # bytes on macOS, KiB elsewhere
+
+
 def child(name: str, model: Path, onnx_dir: Path | None, n_tasks: int, max_tokens: int, threads: int) -> dict[str, Any]:
     """Run one backend over the tasks in this process; returns its figures."""
     from edgecloud.router.tasks import grade, load_tasks
@@ -100,7 +116,7 @@ def child(name: str, model: Path, onnx_dir: Path | None, n_tasks: int, max_token
                     decode_tokens += completion_tokens - 1
                     decode_s += end - first
             passed += grade(task, "".join(parts))
-    peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
+    peak_kib = _peak_rss_kib()
     return {
         "load_s": round(load_s, 2),
         "ttft_ms": round(statistics.median(ttfts) * 1000, 1) if ttfts else None,

@@ -31,7 +31,8 @@ def test_defaults() -> None:
     s = load_settings()
     assert s.edge_model == "qwen2.5-coder-0.5b-instruct-q4"
     assert s.cloud_base_url == [] and s.cloud_api_key is None and s.cloud_model is None
-    assert (s.router.scorer, s.router.edge_below, s.router.cloud_above, s.router.pii) == ("learned", 0.3, 0.7, "edge_only")
+    # bands unset: the policy takes the scorer's own (the rules': the design notes' 0.3 / 0.7)
+    assert (s.router.scorer, s.router.edge_below, s.router.cloud_above, s.router.pii) == ("learned", None, None, "edge_only")
     assert (s.fallback.failure_threshold, s.fallback.cooldown_s, s.fallback.cloud_order) == (3, 30.0, "in_order")
     assert (s.prices.cloud_input_per_mtok, s.prices.cloud_output_per_mtok, s.prices.edge_per_second) == (0.5, 1.5, 0.0)
 
@@ -52,7 +53,7 @@ cloud_output_per_mtok = 10
     assert s.cloud_base_url == ["https://api.example.com/v1"]
     assert (s.cloud_model, s.n_ctx, s.router.pii, s.prices.cloud_output_per_mtok) == ("gpt-4o-mini", 2048, "redact", 10.0)
     assert s.router.scorer_path == tmp_path / "conf" / "models" / "scorer.json"  # relative to the file
-    assert s.router.edge_below == 0.3  # untouched keys keep their defaults
+    assert s.router.edge_below is None and s.router.cascade is True  # untouched keys keep their defaults
 
 
 def test_file_is_found_in_cwd_then_via_edgecloud_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

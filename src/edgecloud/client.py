@@ -52,12 +52,14 @@ class _BaseEdgeCloud:
         tracer_provider: Any = None,
         n_ctx: int | None = None,
         device: str = "this",
+        edge_runtime: str | None = None,
     ) -> None:
         overrides: dict[str, Any] = {
             "cloud_base_url": [cloud_base_url] if isinstance(cloud_base_url, str) else cloud_base_url,
             "cloud_model": cloud_model,
             "cloud_api_key": cloud_api_key,
             "n_ctx": n_ctx,
+            "edge_runtime": edge_runtime,
         }
         settings = settings_from(config, **overrides)
         if edge_model is not _UNSET:  # None is meaningful here: no edge model at all

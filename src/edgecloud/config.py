@@ -89,8 +89,14 @@ class RouterSettings(_Section):
         None, description="A trained scorer file to use instead of the bundled one (relative to this file).",
         examples=["scorer.json"],
     )
-    edge_below: float = Field(0.3, ge=0, le=1, description="Scores below this run on the edge.")
-    cloud_above: float = Field(0.7, ge=0, le=1, description="Scores above this run on the cloud.")
+    edge_below: float | None = Field(
+        None, ge=0, le=1, description="Scores below this run on the edge (default: the scorer's own band; rules 0.3).",
+        examples=[0.3],
+    )
+    cloud_above: float | None = Field(
+        None, ge=0, le=1, description="Scores above this run on the cloud (default: the scorer's own band; rules 0.7).",
+        examples=[0.7],
+    )
     target_cloud_fraction: float | None = Field(
         None, ge=0, le=1, description="Send this share of traffic to the cloud (replaces cloud_above).",
         examples=[0.2],
@@ -102,9 +108,9 @@ class RouterSettings(_Section):
 
     @field_validator("cloud_above")
     @classmethod
-    def _bands_ordered(cls, cloud_above: float, info: ValidationInfo) -> float:
+    def _bands_ordered(cls, cloud_above: float | None, info: ValidationInfo) -> float | None:
         edge_below = info.data.get("edge_below")
-        if edge_below is not None and cloud_above < edge_below:
+        if edge_below is not None and cloud_above is not None and cloud_above < edge_below:
             raise ValueError(f"must be >= router.edge_below ({edge_below}); lower edge_below or raise cloud_above")
         return cloud_above
 
@@ -136,8 +142,10 @@ class EdgeCloudSettings(BaseSettings):
         "qwen2.5-coder-0.5b-instruct-q4",
         description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
     )
-    edge_runtime: Literal["llamacpp", "torch"] = Field(
-        "llamacpp", description="Edge runtime: llama.cpp (INT4 as is) or torch (cuda/mps/cpu, per-op CPU fallback)."
+    edge_runtime: Literal["llamacpp", "torch", "onnx"] = Field(
+        "llamacpp",
+        description="Edge runtime: llama.cpp (INT4 as is), torch (cuda/mps/cpu, per-op CPU fallback) or onnx "
+                    "(onnxruntime-genai; edge_model is then an `edgecloud export onnx` folder).",
     )
     cloud_base_url: Annotated[list[_HttpUrl], NoDecode] = Field(
         default_factory=list, description="OpenAI-compatible endpoints (a list, or comma-separated).",

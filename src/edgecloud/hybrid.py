@@ -46,7 +46,29 @@ from .router.policy import RouteDecision, RoutePolicy
 from .router.scorers import load_scorer
 from .types import ChatCompletionChunk, ChatMessage, ChatRequest, CostInfo, RouteInfo, Usage, collect_chunks
 
-__all__ = ["Hybrid"]
+__all__ = ["Hybrid", "make_edge_backend"]
+
+
+def make_edge_backend(runtime: str, model: str, *, n_ctx: int | None = None, device: str = "this") -> Backend:
+    """The edge backend for ``runtime`` (llamacpp, torch or onnx); nothing heavy is imported before it is asked for.
+
+    ``model`` is a catalogue name or GGUF path, or for ``onnx`` an ``edgecloud export onnx`` folder
+    (checked here, so a folder that is not an export fails before anything loads).
+    """
+    if runtime == "torch":
+        from .edge.torch import TorchBackend
+
+        return TorchBackend(model, n_ctx=n_ctx)
+    if runtime == "onnx":
+        from .edge.onnx import OnnxBackend, load_manifest
+
+        load_manifest(model)
+        return OnnxBackend(model, n_ctx=n_ctx, device=device)
+    if runtime == "llamacpp":
+        from .edge.llamacpp import LlamaCppBackend
+
+        return LlamaCppBackend(model, n_ctx=n_ctx, device=device)
+    raise ConfigError(f"unknown edge runtime {runtime!r}; use llamacpp, torch or onnx")
 
 Side = Literal["edge", "cloud"]
 
@@ -145,15 +167,9 @@ class Hybrid(Backend):
         """The on-device backend (created on first use), or None when no edge model is configured."""
         if self._edge is None and self.settings.edge_model is not None:
             with self._lock:
-                if self._edge is None and self.settings.edge_runtime == "torch":
-                    from .edge.torch import TorchBackend
-
-                    self._edge = TorchBackend(self.settings.edge_model, n_ctx=self.settings.n_ctx)
-                elif self._edge is None:
-                    from .edge.llamacpp import LlamaCppBackend
-
-                    self._edge = LlamaCppBackend(self.settings.edge_model, n_ctx=self.settings.n_ctx,
-                                                 device=self._device)
+                if self._edge is None:
+                    s = self.settings
+                    self._edge = make_edge_backend(s.edge_runtime, s.edge_model, n_ctx=s.n_ctx, device=self._device)
         return self._edge
 
     def _cloud_attempts(self) -> list[Attempt]:
@@ -285,7 +301,8 @@ class Hybrid(Backend):
         answer = collect_chunks(buffered)
         logprobs = [e.logprob for e in answer.choices[0].logprobs.content] if answer.choices[0].logprobs else []
         prompt = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        sig = signals(prompt, answer.text, finish_reason=answer.choices[0].finish_reason, logprobs=logprobs)
+        sig = signals(prompt, answer.text, finish_reason=answer.choices[0].finish_reason, logprobs=logprobs,
+                      route_score=route.score)
         p_good = self.confidence.p_good(sig)
         if p_good >= self.confidence.threshold:
             route.reason += f"; edge answer accepted (confidence {p_good:.2f})"

@@ -194,3 +194,19 @@ def test_chat_cli_on_a_folder_that_is_not_an_export_is_exit_2(tmp_path: Path) ->
     )
     assert result.returncode == 2
     assert GENAI_CONFIG in result.stderr and "Traceback" not in result.stderr
+
+
+def test_client_with_edge_runtime_onnx_answers_through_the_router(smollm2_onnx: Path, tmp_path: Path) -> None:
+    from edgecloud import EdgeCloud
+
+    direct = OnnxBackend(smollm2_onnx, n_ctx=N_CTX, n_threads=1)
+    request = ChatRequest(messages=CONVERSATION[-1:], max_tokens=12, temperature=0.0)
+    with direct:
+        expected = "".join(c.choices[0].delta.content or "" for c in direct.stream(request) if c.choices)
+    with EdgeCloud(edge_model=str(smollm2_onnx), edge_runtime="onnx", n_ctx=N_CTX) as client:
+        assert isinstance(client.edge, OnnxBackend)
+        answer = client.chat.completions.create(messages=CONVERSATION[-1:], max_tokens=12, temperature=0.0)
+    assert answer.choices[0].message.content == expected
+    assert answer.route is not None and answer.route.target == "edge"
+    with pytest.raises(ModelNotFoundError, match=GENAI_CONFIG):
+        EdgeCloud(edge_model=str(tmp_path), edge_runtime="onnx").edge

@@ -51,11 +51,25 @@ def test_fitted_check_learns_which_signal_matters() -> None:
     for _ in range(300):
         passed = rng.random() < 0.5
         ex = passed if rng.random() < 0.9 else not passed
-        rows.append({"edge_pass": passed})
+        rows.append({"edge_pass": passed, "cloud_pass": True})
         sigs.append(Signals(ex, False, {"mean": rng.uniform(-1, 0), "min": -3, "p10": -1, "tail_mean": -2}))
     check = ConfidenceCheck().fit(rows, sigs)
     assert check.p_good(Signals(True, False, {"mean": -0.5})) > 0.7
     assert check.p_good(Signals(False, False, {"mean": -0.5})) < 0.3
+
+
+def test_fitted_check_escalates_only_where_the_cloud_would_do_better() -> None:
+    # The edge always fails; the cloud passes exactly on the requests the router scored high.
+    # Escalating a task both sides fail gains nothing, so those answers count as good enough.
+    rng = random.Random(1)
+    rows, sigs = [], []
+    for _ in range(300):
+        score = rng.random()
+        rows.append({"edge_pass": False, "cloud_pass": score > 0.5})
+        sigs.append(Signals(None, False, {"mean": rng.uniform(-1, 0)}, route_score=score))
+    check = ConfidenceCheck().fit(rows, sigs)
+    assert check.p_good(Signals(None, False, {"mean": -0.5}, route_score=0.9)) < 0.2
+    assert check.p_good(Signals(None, False, {"mean": -0.5}, route_score=0.1)) > 0.8
 
 
 def _synthetic_rows(n: int = 120, seed: int = 0) -> list[dict]:

@@ -30,6 +30,16 @@ def test_bands(score: float, target: str, cascade: bool) -> None:
     assert "fixed score" in decision.reason
 
 
+def test_unset_bands_are_the_scorers_own_and_settings_override_them() -> None:
+    scorer = FixedScorer(0.25)
+    scorer.bands = (0.1, 0.2)  # type: ignore[attr-defined]  # e.g. a learned scorer of cloud-win probabilities
+    assert RoutePolicy(scorer=scorer).decide(_req("hello")).target == "cloud"
+    assert (RoutePolicy(scorer=scorer).edge_below, RoutePolicy(scorer=scorer).cloud_above) == (0.1, 0.2)
+    overridden = RoutePolicy(scorer=scorer, edge_below=0.3).decide(_req("hello"))
+    assert (overridden.target, overridden.cascade) == ("edge", False)
+    assert RoutePolicy(scorer=scorer, edge_below=0.3).cloud_above == 0.3  # never below edge_below
+
+
 def test_local_only_and_pii_never_reach_the_cloud() -> None:
     policy = RoutePolicy(scorer=FixedScorer(0.99))
     assert policy.decide(_req("hard question", privacy="local_only")).target == "edge"

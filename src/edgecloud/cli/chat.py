@@ -11,7 +11,6 @@ onnx (an ``edgecloud export onnx`` folder, given as ``--model DIR``, run by onnx
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from collections.abc import Callable
@@ -21,7 +20,6 @@ from typing import Any
 import typer
 from rich.console import Console
 
-from ..backend import Backend
 from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
 from ..errors import EdgeCloudError
 from ..store import resolve_model
@@ -30,26 +28,9 @@ from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
 
-def _torch_edge(model: str, ctx: int | None) -> Backend:
-    from ..edge.torch import TorchBackend  # imports torch: only when asked for
-
-    return TorchBackend(model, n_ctx=ctx)
-
-
-def _onnx_edge(model: str, ctx: int | None) -> Backend:
-    from ..edge.onnx import OnnxBackend, load_manifest
-
-    load_manifest(model)  # a folder that is not an export fails here, before anything loads
-    return OnnxBackend(model, n_ctx=ctx)
-
-
-#: ``--backend``: how to build the edge runtime (None: the client's own, llama.cpp planned for ``--device``).
-EDGE_BACKENDS: dict[str, Callable[[str, int | None], Backend] | None] = {
-    "llamacpp": None,
-    "torch": _torch_edge,
-    "onnx": _onnx_edge,
-}
-#: Backends whose ``--model`` is an export folder (``edgecloud export onnx --out DIR``), not a GGUF model to pull.
+#: ``--backend``: the edge runtimes the client can build (``edge_runtime``).
+EDGE_RUNTIMES = ("llamacpp", "torch", "onnx")
+#: Runtimes whose ``--model`` is an export folder (``edgecloud export onnx --out DIR``), not a GGUF model to pull.
 _FOLDER_MODELS = frozenset({"onnx"})
 
 _HELP = ("/reset clears the conversation · /stats shows speed, routes and cost · /exit quits · "
@@ -159,14 +140,14 @@ def chat_command(
     err = Console(stderr=True)
     if route not in ("auto", "edge", "cloud"):
         raise typer.BadParameter(f"{route!r} is not a route; use auto, edge or cloud", param_hint="--route")
-    if backend not in EDGE_BACKENDS:
-        raise typer.BadParameter(f"{backend!r} is not an edge backend; use {', '.join(EDGE_BACKENDS)}",
+    if backend not in EDGE_RUNTIMES:
+        raise typer.BadParameter(f"{backend!r} is not an edge backend; use {', '.join(EDGE_RUNTIMES)}",
                                  param_hint="--backend")
     try:
-        make_edge = EDGE_BACKENDS[backend]
-        edge_backend = make_edge(model, ctx) if make_edge is not None else None
         client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
-                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_backend=edge_backend)
+                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend)
+        if backend in _FOLDER_MODELS:
+            client.edge  # an ONNX folder that is not an export fails here, with the other set-up errors
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -188,7 +169,7 @@ def chat_command(
         raise typer.Exit(2) from None
     history: list[ChatMessage] = [ChatMessage(role="system", content=system)] if system else []
     params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "route": route}
-    with client, edge_backend or contextlib.nullcontext():  # a backend given to the client stays ours to close
+    with client:  # the client built the edge runtime, so it closes it
         if prompt is not None:
             _one_shot(client, history, prompt, params, err)
         else:

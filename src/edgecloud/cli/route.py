@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import EdgeCloudError
-from ..router.tasks import SUITES
+from ..router.tasks import SUITES, Task
 
 app = typer.Typer(help="Label, train, evaluate and apply the complexity router.", no_args_is_help=True)
 
@@ -26,7 +26,9 @@ def label_command(
     cloud_model: str = typer.Option(DEFAULT_CLOUD, "--cloud-model", help="The cloud model (name or .gguf path)."),
     threads: int = typer.Option(0, "--threads", min=0, help="llama.cpp threads (0: physical cores)."),
     limit: int = typer.Option(0, "--limit", min=0, help="Only the first N tasks (after the seeded shuffle)."),
-    n_ctx: int = typer.Option(8192, "--ctx", min=512, help="Context size per sequence."),
+    n_ctx: int = typer.Option(
+        0, "--ctx", min=0, help="Context size per sequence (0: the longest task's prompt + max_tokens)."
+    ),
     parallel: int = typer.Option(
         1, "--parallel", min=1, max=64,
         help="Sequences decoded together (batched llama.cpp; ~3x throughput at 8 on CPU). 1: one at a time.",
@@ -51,10 +53,11 @@ def label_command(
         if side not in models:
             raise typer.BadParameter(f"unknown side {side!r}; use edge and/or cloud", param_hint="--sides")
         source: LlamaCppBackend | BatchedGreedy
+        ctx = n_ctx or _fit_ctx(models[side], tasks, threads)
         if parallel > 1:
-            source = BatchedGreedy(models[side], parallel=parallel, n_ctx=n_ctx * parallel, threads=threads)
+            source = BatchedGreedy(models[side], parallel=parallel, n_ctx=ctx * parallel, threads=threads)
         else:
-            source = LlamaCppBackend(models[side], n_ctx=n_ctx, n_threads=threads or None, reuse_prefix=False)
+            source = LlamaCppBackend(models[side], n_ctx=ctx, n_threads=threads or None, reuse_prefix=False)
         columns = (TextColumn(f"[bold]{side}[/] {models[side]}"), BarColumn(), MofNCompleteColumn(),
                    TextColumn("{task.fields[passed]} passed"), TimeElapsedColumn(), TimeRemainingColumn())
         with source, Progress(*columns, transient=False) as bar:
@@ -72,6 +75,15 @@ def label_command(
     typer.echo(f"{out}: {count} tasks answered by both sides", err=True)
 
 
+def _fit_ctx(model: str, tasks: list[Task], threads: int) -> int:
+    """The per-sequence context every task fits in: its templated prompt plus max_tokens, in 256-token steps."""
+    from ..edge.llamacpp_batch import BatchedGreedy
+
+    with BatchedGreedy(model, parallel=1, n_ctx=256, threads=threads) as probe:
+        need = max((len(probe.encode(t.messages)) + t.max_tokens for t in tasks), default=256)
+    return -(-need // 256) * 256
+
+
 def _scorer(kind: str, model: Path | None):  # type: ignore[no-untyped-def]
     from ..router.scorers import load_scorer
 
@@ -86,8 +98,12 @@ def score_command(
     input_file: Path | None = typer.Option(None, "--input", help="JSONL requests (default: stdin)."),
     scorer: str = typer.Option("learned", "--scorer", help="learned or rules."),
     model: Path | None = typer.Option(None, "--model", help="A learned model JSON (default: the packaged one)."),
-    edge_below: float = typer.Option(0.3, "--edge-below", help="Scores below this run on the edge."),
-    cloud_above: float = typer.Option(0.7, "--cloud-above", help="Scores above this go to the cloud."),
+    edge_below: float | None = typer.Option(
+        None, "--edge-below", help="Scores below this run on the edge (default: the scorer's own band)."
+    ),
+    cloud_above: float | None = typer.Option(
+        None, "--cloud-above", help="Scores above this go to the cloud (default: the scorer's own band)."
+    ),
 ) -> None:
     """Score JSONL requests ({"id", "messages"} or {"id", "prompt"}): one JSON line out per line in.
 
@@ -185,10 +201,17 @@ def cascade_command(
     data: Path = typer.Option(..., "--data", exists=True, dir_okay=False, help="Outcome file (JSONL)."),
     model: Path | None = typer.Option(None, "--model", help="Learned scorer for the bands (default: the packaged one)."),
     target: float = typer.Option(0.95, "--target", min=0.0, max=1.0, help="Share of cloud-only quality to reach."),
+    max_cloud: float = typer.Option(
+        0.5, "--max-cloud", min=0.0, max=1.0,
+        help="Cloud budget: the share of requests that may reach the cloud (best quality within it if the target is not).",
+    ),
     out: Path | None = typer.Option(None, "--out", help="Write the fitted check here (JSON)."),
     json_output: bool = typer.Option(False, "--json", help="Print the JSON summary."),
 ) -> None:
     """Fit the cascade's confidence check on the train split; report it on the held-out split.
+
+    The escalation threshold is chosen on out-of-fold values of the train split: the fewest
+    cloud calls reaching --target within the --max-cloud budget, else the best quality within it.
 
     Prints the held-out quality share and cloud fraction of the cascade alone (every request
     on the edge first) and behind the router's bands, and what each signal group adds.
@@ -197,17 +220,26 @@ def cascade_command(
 
     from ..router import evaluate as ev
     from ..router.cascade_fit import ablation, evaluate_cascade, row_signals
+    from ..router.scorers import LearnedScorer, out_of_fold_scores
 
     rows = ev.load_outcomes(data)
     train, test = ev.split_outcomes(rows)
     scorer = _scorer("learned", model)
     typer.echo(f"checking {len(rows)} edge answers (code runs in the sandbox)…", err=True)
-    train_signals, test_signals = row_signals(train), row_signals(test)
-    result = evaluate_cascade(train, test, train_signals, test_signals, ev.score_rows(train, scorer.score),
-                              ev.score_rows(test, scorer.score), target=target)
+    # Train rows get out-of-fold scores (the packaged scorer was fitted on them, so its own scores
+    # there are surer than on new requests); held-out rows get the scorer's.
+    if isinstance(scorer, LearnedScorer):
+        train_scores = out_of_fold_scores(train, c=scorer.model.get("C"))
+    else:
+        train_scores = ev.score_rows(train, scorer.score)
+    test_scores = ev.score_rows(test, scorer.score)
+    train_signals, test_signals = row_signals(train, train_scores), row_signals(test, test_scores)
+    result = evaluate_cascade(train, test, train_signals, test_signals, train_scores, test_scores, target=target,
+                              max_cloud=max_cloud, edge_below=scorer.bands[0], cloud_above=scorer.bands[1])
     check = result.pop("check")
-    result["ablation"] = ablation(train, test, train_signals, test_signals, target=target)
-    result.update(scorer=scorer.name, n_train=len(train), n_test=len(test), target=target)
+    result["ablation"] = ablation(train, test, train_signals, test_signals, target=target, max_cloud=max_cloud)
+    result.update(scorer=scorer.name, bands=list(scorer.bands), n_train=len(train), n_test=len(test), target=target,
+                  max_cloud=max_cloud)
     if out is not None:
         out.write_text(json.dumps(check.to_json(), indent=1) + "\n", encoding="utf-8")
         result["check_file"] = str(out)

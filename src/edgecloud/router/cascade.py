@@ -10,8 +10,13 @@ Token logprobs alone rank the edge's failures barely better than chance on code 
 * ``logprob``: mean, minimum, 10th percentile and tail mean of the answer's token logprobs.
 * ``agreement``: for short answers, the share of a few sampled answers that agree with the
   greedy one (the caller supplies the samples; computing them costs edge time).
+* ``route_score``: the router's score for the request (the estimated chance that the cloud
+  answers it where the edge fails), so what the prompt says and what the answer shows are
+  weighed together.
 
-:class:`ConfidenceCheck` turns the signals into ``p(answer is good)``: a logistic model fitted
+:class:`ConfidenceCheck` turns the signals into ``p(answer is good enough)`` - good enough
+meaning that asking the cloud would not have done better (the edge passed, or the cloud failed
+too: escalating a task both models fail only spends a cloud call): a logistic model fitted
 on outcome rows (:meth:`ConfidenceCheck.fit`) or, before fitting, a conservative rule
 (escalate on a failed example, a truncated answer, or a mean logprob below ``min_mean_logprob``).
 """
@@ -80,6 +85,7 @@ class Signals:
     truncated: bool
     logprob: dict[str, float]
     agreement: float | None = None
+    route_score: float | None = None
 
     def vector(self) -> list[float]:
         lp = self.logprob
@@ -87,14 +93,16 @@ class Signals:
             1.0 if self.examples is True else 0.0, 1.0 if self.examples is False else 0.0, float(self.truncated),
             lp.get("mean", 0.0), lp.get("min", 0.0), lp.get("p10", 0.0), lp.get("tail_mean", 0.0),
             -1.0 if self.agreement is None else self.agreement,
+            0.0 if self.route_score is None else self.route_score,
         ]
 
 
-SIGNAL_NAMES = ("examples_pass", "examples_fail", "truncated", "lp_mean", "lp_min", "lp_p10", "lp_tail", "agreement")
+SIGNAL_NAMES = ("examples_pass", "examples_fail", "truncated", "lp_mean", "lp_min", "lp_p10", "lp_tail", "agreement",
+                "route_score")
 
 
 def signals(prompt: str, answer: str, *, finish_reason: str | None, logprobs: Sequence[float] | dict[str, float] = (),
-            samples: Sequence[str] = (), is_code: bool | None = None) -> Signals:
+            samples: Sequence[str] = (), is_code: bool | None = None, route_score: float | None = None) -> Signals:
     """Compute the signals for an edge answer (runs its code in the sandbox when the prompt has examples)."""
     code = is_code if is_code is not None else ("```" in answer or "def " in answer)
     examples = check_examples(prompt, answer) if code else None
@@ -103,7 +111,7 @@ def signals(prompt: str, answer: str, *, finish_reason: str | None, logprobs: Se
     if samples:
         norm = normalise(answer)
         agreement = sum(normalise(s) == norm for s in samples) / len(samples)
-    return Signals(examples, finish_reason == "length", dict(summary), agreement)
+    return Signals(examples, finish_reason == "length", dict(summary), agreement, route_score)
 
 
 @dataclass
@@ -157,7 +165,9 @@ class ConfidenceCheck:
 
     def fit(self, rows: Sequence[dict[str, Any]], row_signals: Sequence[Signals],
             use: Sequence[str] | None = None) -> ConfidenceCheck:
-        """Fit the logistic model on outcome rows (label: ``edge_pass``) and their signals.
+        """Fit the logistic model on outcome rows and their signals.
+
+        The label is "good enough": the edge passed, or the cloud failed as well.
 
         ``use`` limits the model to those of :data:`SIGNAL_NAMES` (the others get weight 0), to
         measure what each signal adds.
@@ -171,9 +181,9 @@ class ConfidenceCheck:
             raise ValueError(f"unknown or no signals {sorted(unknown)}; choose from {', '.join(SIGNAL_NAMES)}")
         columns = [SIGNAL_NAMES.index(n) for n in names]
         x = np.array([s.vector() for s in row_signals])[:, columns]
-        y = np.array([1 if r["edge_pass"] else 0 for r in rows])
+        y = np.array([1 if (r["edge_pass"] or not r["cloud_pass"]) else 0 for r in rows])
         if y.min() == y.max():
-            raise ValueError("every edge answer has the same outcome; nothing to fit")
+            raise ValueError("escalating helps on none or all of these outcomes; nothing to fit")
         model = LogisticRegression(C=1.0, max_iter=2000).fit(x, y)
         coef = [0.0] * len(SIGNAL_NAMES)
         for column, value in zip(columns, model.coef_[0]):

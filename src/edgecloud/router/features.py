@@ -3,7 +3,9 @@
 :func:`extract` turns a request (or a plain list of chat messages) into named numeric
 features: sizes (estimated prompt and conversation tokens, requested ``max_tokens``, turn
 depth), content markers (code, maths, reasoning, explicit precision), a domain lexicon
-(finance, medical, legal, science) and the script of the text. :func:`hashed_ngrams` adds
+(finance, medical, legal, science), the script of the text, and the task's shape (a short
+knowledge question, counting across a long context, a code request by signature or doctests,
+its number of sentences). :func:`hashed_ngrams` adds
 word uni- and bi-grams hashed into a fixed number of buckets (a stable CRC32 hash, so a
 trained model means the same thing in every process) for the learned scorer.
 
@@ -61,6 +63,11 @@ _PRECISION_WORDS = frozenset("exact exactly precise precisely accurate accuratel
 _CONSTRAINT_WORDS = frozenset("must should ensure without don't".split()) | {"make sure", "do not"}
 _EXAMPLE_WORDS = frozenset({"example", "examples"})
 _QUESTION_WORDS = frozenset("what who when where which how is are does do can name".split())
+_SHORT_ANSWER = ("briefly", "one word", "in a word", "just the", "only the", "answer with", "single number",
+                 "short answer")
+_SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
+_PROPER_NOUN = re.compile(r"[^.!?\s]\s+[A-Z][a-z]")  # a capitalised word that does not start a sentence
+_SIGNATURE = re.compile(r"`\w+\(")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _WORD = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]", re.IGNORECASE)
 
@@ -75,6 +82,7 @@ FEATURE_NAMES: tuple[str, ...] = (
     "code_markers", "code_words", "math_markers", "digits", "reasoning_markers", "precision_request",
     "constraints", "examples", "question_form", "lines", "non_ascii", "cjk", "long_prompt",
     *(f"domain_{d}" for d in DOMAINS),
+    "short_answer", "sentences", "proper_nouns", "knowledge_question", "aggregation", "doctests", "named_signature",
 )
 
 
@@ -145,6 +153,19 @@ def extract(
     }
     for domain, words in DOMAINS.items():
         features[f"domain_{domain}"] = float(sum(1 for w in words if w in lower))
+    # Task shape: a short knowledge question, a question over a long context that needs counting
+    # across it, a code request stated by signature or by doctests, and how many sentences it has.
+    coded = features["code_markers"] > 0 or features["code_words"] > 0
+    head = text[:1500]
+    features.update({
+        "short_answer": float(any(phrase in lower for phrase in _SHORT_ANSWER)),
+        "sentences": math.log1p(len(_SENTENCE_END.findall(text[-1500:]))),
+        "proper_nouns": len(_PROPER_NOUN.findall(head)) / max(1, len(head.split())),
+        "knowledge_question": float(prompt_tokens < 60 and not coded and features["math_markers"] == 0),
+        "aggregation": float(conversation_tokens > 1024 and "how many" in lower[-300:]),
+        "doctests": math.log1p(text.count(">>>")),
+        "named_signature": float(bool(_SIGNATURE.search(text))),
+    })
     return features
 
 

@@ -11,7 +11,9 @@ Order of decisions (each decision carries its reason and score, for the response
 3. Context fit: prompt + ``max_tokens`` beyond the edge's context goes to the cloud.
 4. Availability: an unavailable side is skipped.
 5. Bands: score < ``edge_below`` → edge; score > ``cloud_above`` → cloud; in between → edge
-   first with the cascade's confidence check (``target="edge"``, ``cascade=True``). With
+   first with the cascade's confidence check (``target="edge"``, ``cascade=True``). Bands
+   left unset are the scorer's own (``scorer.bands``: 0.3 / 0.7 for the rules; the learned
+   scorer's are fitted with it, its scores being probabilities of a cloud win). With
    ``target_cloud_fraction`` set, the cloud threshold is instead the rolling quantile of
    recent scores that sends that share of live traffic to the cloud.
 """
@@ -29,7 +31,7 @@ import numpy as np
 from ..errors import ConfigError, PrivacyViolationError
 from .features import estimate_tokens, messages_of
 from .pii import Redaction, has_pii, redact
-from .scorers import Scorer, load_scorer
+from .scorers import DESIGN_BANDS, Scorer, load_scorer
 
 __all__ = ["PrivacyViolationError", "RouteDecision", "RoutePolicy"]
 
@@ -59,8 +61,8 @@ class RoutePolicy:
     """Bands, a target cloud fraction, and the hard rules (see the module docstring)."""
 
     scorer: Scorer | None = None
-    edge_below: float = 0.3
-    cloud_above: float = 0.7
+    edge_below: float | None = None
+    cloud_above: float | None = None
     target_cloud_fraction: float | None = None
     pii: Literal["edge_only", "redact", "off"] = "edge_only"
     edge_max_context: int | None = None
@@ -70,14 +72,17 @@ class RoutePolicy:
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        if self.scorer is None:
+            self.scorer = load_scorer("learned")
+        low, high = getattr(self.scorer, "bands", DESIGN_BANDS)
+        self.edge_below = low if self.edge_below is None else self.edge_below
+        self.cloud_above = max(high, self.edge_below) if self.cloud_above is None else self.cloud_above
         if not 0.0 <= self.edge_below <= self.cloud_above <= 1.0:
             raise ConfigError(f"need 0 <= edge_below <= cloud_above <= 1, got {self.edge_below} and {self.cloud_above}")
         if self.target_cloud_fraction is not None and not 0.0 <= self.target_cloud_fraction <= 1.0:
             raise ConfigError(f"target_cloud_fraction must be in [0, 1], got {self.target_cloud_fraction}")
         if self.pii not in ("edge_only", "redact", "off"):
             raise ConfigError(f"pii policy must be edge_only, redact or off, got {self.pii!r}")
-        if self.scorer is None:
-            self.scorer = load_scorer("learned")
         self._recent = deque(maxlen=self.window)
 
     def cloud_threshold(self) -> float:
