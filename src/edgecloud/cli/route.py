@@ -193,7 +193,9 @@ def train_command(
         rows, _ = ev.split_outcomes(rows)
     model = train_scorer(rows)
     out.write_text(json.dumps(model, indent=1) + "\n", encoding="utf-8")
-    typer.echo(f"{out}: trained on {len(rows)} outcomes (C={model['C']})", err=True)
+    ngrams = f"{model['hash_dim']} hashed n-gram buckets" if model["hash_dim"] else "no n-grams"
+    typer.echo(f"{out}: trained on {len(rows)} outcomes (C={model['C']}, {ngrams}, "
+               f"cross-validated APGR {model['cv_apgr']})", err=True)
 
 
 @app.command("cascade")

@@ -20,7 +20,7 @@ import math
 import re
 import zlib
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 __all__ = ["FEATURE_NAMES", "DOMAINS", "estimate_tokens", "extract", "hashed_ngrams", "messages_of"]
@@ -47,7 +47,7 @@ _CODE_SNIPPETS = ("```", "def ", "class ", "return", "import ", ";\n", "{\n", "}
 _MATH_SYMBOLS = re.compile(r"\d\s*[-+*/^%=]\s*\d|%")
 _EXAMPLE_SYMBOLS = re.compile(r">>>|==|->")
 _BULLETS = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+", re.MULTILINE)
-_DIGIT = re.compile(r"\d")
+_DROP_DIGITS = str.maketrans("", "", "0123456789")
 _WORDS = re.compile(r"[a-z][a-z'-]*")
 
 _CODE_WORDS = frozenset("python function code implement algorithm bug compile regex class method sql javascript "
@@ -69,7 +69,7 @@ _SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
 _PROPER_NOUN = re.compile(r"[^.!?\s]\s+[A-Z][a-z]")  # a capitalised word that does not start a sentence
 _SIGNATURE = re.compile(r"`\w+\(")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
-_WORD = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]", re.IGNORECASE)
+_WORD = re.compile(r"[a-z0-9_]+|[^\sa-z0-9_]")  # on lower-cased text
 
 
 def _count(counts: Counter[str], lower: str, vocab: frozenset[str]) -> int:
@@ -140,7 +140,7 @@ def extract(
         "code_markers": math.log1p(sum(text.count(snippet) for snippet in _CODE_SNIPPETS)),
         "code_words": math.log1p(_count(counts, lower, _CODE_WORDS)),
         "math_markers": math.log1p(_count(counts, lower, _MATH_WORDS) + len(_MATH_SYMBOLS.findall(text))),
-        "digits": len(_DIGIT.findall(text)) / n,
+        "digits": (len(text) - len(text.translate(_DROP_DIGITS))) / n,
         "reasoning_markers": math.log1p(_count(counts, lower, _REASONING_WORDS)),
         "precision_request": float(_count(counts, lower, _PRECISION_WORDS) > 0),
         "constraints": math.log1p(_count(counts, lower, _CONSTRAINT_WORDS) + len(_BULLETS.findall(text))),
@@ -175,9 +175,10 @@ def hashed_ngrams(request: Any, dim: int = 4096) -> dict[int, float]:
     users = [m["content"] for m in messages if m["role"] == "user"]
     words = _WORD.findall(_scan(users[-1] if users else "")[-_NGRAM_CHARS:].lower())
     counts: dict[int, float] = {}
-    grams: Sequence[str] = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
-    for gram in grams:
+    grams = Counter(words)
+    grams.update(map(" ".join, zip(words, words[1:])))
+    for gram, n in grams.items():  # each distinct gram hashed once
         bucket = zlib.crc32(gram.encode("utf-8", "replace")) % dim
-        counts[bucket] = counts.get(bucket, 0.0) + 1.0
+        counts[bucket] = counts.get(bucket, 0.0) + n
     norm = math.sqrt(sum(v * v for v in counts.values())) or 1.0
     return {k: v / norm for k, v in counts.items()}
