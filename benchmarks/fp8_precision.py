@@ -125,9 +125,16 @@ def main() -> None:
         for key in args.models.split(","):
             save = args.save_config.with_suffix(f".{key}.json") if args.save_config and "," in args.models else args.save_config
             report["models"][key] = measure_model(model_path(MODELS[key]), args.tokens, args.protect, save)
+            report["models"][key]["measured_on"] = time.strftime("%Y-%m-%d")
+    print(json.dumps(report, indent=2))
+    # Keep the other models' figures from earlier runs on the same FP8 path (a model run alone,
+    # e.g. --models qwen15, adds its entry rather than dropping the rest).
+    if RESULTS.exists():
+        earlier = json.loads(RESULTS.read_text(encoding="utf-8"))
+        if earlier.get("fp8_path") == report["fp8_path"]:
+            report["models"] = {**earlier.get("models", {}), **report["models"]}
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
-    print(json.dumps(report, indent=2))
 
 
 if __name__ == "__main__":

@@ -197,6 +197,26 @@ def test_learned_scorer_trains_round_trips_and_ranks(tmp_path: Path) -> None:
     assert 0.0 <= scorer.score("") <= 1.0
 
 
+def test_model_selection_keeps_ngrams_only_where_they_carry_the_signal() -> None:
+    # The same sentence shape either way; only the animal named decides who wins. The dense
+    # features cannot tell the two apart, the hashed n-grams can.
+    rng = random.Random(5)
+    rows = []
+    for i in range(120):
+        animal = "zebra" if i % 2 else "horse"  # same length: no size feature tells them apart
+        text = f"Write a short poem about a {animal} that lives in the city number {rng.randint(10, 99)}."
+        rows.append({"messages": [{"role": "user", "content": text}], "max_tokens": 128,
+                     "edge_pass": animal == "horse", "cloud_pass": True})
+    model = train_scorer(rows, hash_dim=256)
+    assert model["hash_dim"] == 256 and model["coef_hashed"]
+    assert model["cv_apgr"] > 0.74  # the oracle here: 1 - (share of cloud-only wins = 0.5) / 2 = 0.75
+    scorer = LearnedScorer(model)
+    assert scorer.score(rows[1]) > scorer.score(rows[0])  # zebra (edge fails) above horse
+    plain = train_scorer(rows, hash_dim=256, ngrams=False)
+    assert plain["hash_dim"] == 0 and plain["coef_hashed"] == {}
+    assert LearnedScorer(plain).score(rows[1]) == pytest.approx(LearnedScorer(plain).score(rows[3]), abs=0.05)
+
+
 def test_broken_or_missing_model_falls_back_to_rules(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     broken = tmp_path / "broken.json"
     broken.write_text('{"format": "edgecloud.router.logistic/1", "features": [')
