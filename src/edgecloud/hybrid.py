@@ -260,7 +260,7 @@ class Hybrid(Backend):
                 final.append(chunk)
 
             attempts = self._attempts(decision, request)
-            ok = False
+            ok = cancelled = False
             try:
                 if decision.cascade and self.settings.router.cascade and decision.target == "edge" and len(attempts) > 1:
                     chunks: Iterator[ChatCompletionChunk] = self._cascade(request, route, attempts, on_fallback,
@@ -274,12 +274,15 @@ class Hybrid(Backend):
                         span.ttft(first_token[0])
                     yield chunk
                 ok = True
+            except GeneratorExit:  # the caller closed the stream early
+                cancelled = True
+                raise
             finally:
                 last = final[-1] if final else None
                 cost = last.cost if last is not None else self._cost(parts)
                 self.metrics.request(route.target, ttft=first_token[0] if first_token else None,
                                      e2e=time.perf_counter() - started, usage=last.usage if last else None,
-                                     cost=cost, ok=ok)
+                                     cost=cost, ok=ok, cancelled=cancelled)
                 if ok and cost is not None:
                     self.totals.add(cost, route.target, fallbacks=len(route.fallbacks))
                 if last is not None:

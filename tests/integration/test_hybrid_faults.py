@@ -356,3 +356,22 @@ def test_metrics_and_spans_tell_what_happened(edge: LlamaCppBackend, scripted: S
     assert first.attributes["gen_ai.usage.output_tokens"] == fell.usage.completion_tokens
     assert [e.name for e in first.events if e.name == "edgecloud.fallback"] == ["edgecloud.fallback"]
     assert spans[1].attributes["gen_ai.usage.input_tokens"] == 5
+
+
+def test_a_stream_the_caller_closes_early_counts_as_cancelled(edge: LlamaCppBackend, scripted: ScriptedServer) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with client_for(edge, scripted.url, first=EDGE_FIRST) as client:
+        stream = client.chat.completions.create(messages=HELLO, max_tokens=12, temperature=0, stream=True)
+        assert next(stream).choices is not None  # one chunk read, then the caller walks away
+        stream.close()
+        client.chat.completions.create(messages=HELLO, max_tokens=4, temperature=0)
+        body = client.metrics.render().decode()
+        stats = client.stats()
+    samples = {(s.name, tuple(sorted(s.labels.items()))): s.value
+               for family in text_string_to_metric_families(body) for s in family.samples}
+    assert samples[("edgecloud:client_requests_total", (("outcome", "cancelled"), ("target", "edge")))] == 1
+    assert samples[("edgecloud:client_requests_total", (("outcome", "error"), ("target", "edge")))] == 0
+    assert samples[("edgecloud:client_requests_total", (("outcome", "ok"), ("target", "edge")))] == 1
+    assert stats["requests"] == 1  # totals count finished answers only
+    assert scripted.hits == []  # closing is not a failure: nothing fell back to the cloud

@@ -54,6 +54,7 @@ def test_scrape_over_http_sees_every_event() -> None:
     assert value(s, "edgecloud:client_requests_total", target="cloud", outcome="ok") == 1
     assert value(s, "edgecloud:client_requests_total", target="cloud", outcome="error") == 1
     assert value(s, "edgecloud:client_requests_total", target="edge", outcome="error") == 0
+    assert value(s, "edgecloud:client_requests_total", target="edge", outcome="cancelled") == 0
     assert value(s, "edgecloud:client_tokens_total", target="edge", kind="prompt") == 100
     assert value(s, "edgecloud:client_tokens_total", target="edge", kind="completion") == 20
     assert value(s, "edgecloud:client_tokens_total", target="cloud", kind="completion") == 5
@@ -66,6 +67,14 @@ def test_scrape_over_http_sees_every_event() -> None:
     assert value(s, "edgecloud:client_e2e_request_latency_seconds_sum", target="cloud") == pytest.approx(2.2)
     assert value(s, "edgecloud:client_time_to_first_token_seconds_bucket", target="edge", le="0.05") == 1
     assert value(s, "edgecloud:client_time_to_first_token_seconds_bucket", target="edge", le="0.025") == 0
+
+
+def test_a_closed_stream_is_cancelled_not_an_error() -> None:
+    metrics = ClientMetrics()
+    metrics.request("edge", ttft=0.02, e2e=0.1, usage=None, cost=None, ok=False, cancelled=True)
+    s = samples(metrics.render().decode())
+    assert value(s, "edgecloud:client_requests_total", target="edge", outcome="cancelled") == 1
+    assert value(s, "edgecloud:client_requests_total", target="edge", outcome="error") == 0
 
 
 def test_render_matches_and_registries_are_private() -> None:

@@ -90,7 +90,7 @@ class ClientMetrics:
         self.saved = Counter(PREFIX + "client_saved_usd", "Positive savings of running on the device.", registry=r)
         for side in _TARGETS:  # present (at 0) from the start, as scrapers expect
             self.cost.labels(side)
-            for outcome in ("ok", "error"):
+            for outcome in ("ok", "error", "cancelled"):
                 self.requests.labels(side, outcome)
             for kind in ("prompt", "completion"):
                 self.tokens.labels(side, kind)
@@ -112,13 +112,18 @@ class ClientMetrics:
         usage: Usage | None,
         cost: CostInfo | None,
         ok: bool = True,
+        cancelled: bool = False,
     ) -> None:
-        """A request finished on ``target`` (``ttft`` is None when no token arrived)."""
+        """A request finished on ``target`` (``ttft`` is None when no token arrived).
+
+        ``outcome`` is ``ok``, ``error``, or ``cancelled`` when the caller stopped reading the
+        stream before its end (closed it, broke out of the loop): not a failure of either side.
+        """
         side = _kind(target)
         if ttft is not None:
             self.ttft.labels(side).observe(ttft)
         self.e2e.labels(side).observe(e2e)
-        self.requests.labels(side, "ok" if ok else "error").inc()
+        self.requests.labels(side, "ok" if ok else "cancelled" if cancelled else "error").inc()
         if usage is not None:
             self.tokens.labels(side, "prompt").inc(usage.prompt_tokens)
             self.tokens.labels(side, "completion").inc(usage.completion_tokens)
