@@ -76,7 +76,8 @@ def json_reply(status: int, payload: Any, headers: dict[str, str] | None = None)
     async def reply(writer: asyncio.StreamWriter) -> None:
         body = json.dumps(payload).encode()
         extra = "".join(f"{k}: {v}\r\n" for k, v in (headers or {}).items())
-        head = f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+        head = (f"HTTP/1.1 {status} X\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+                f"Connection: close\r\n{extra}\r\n")
         writer.write(head.encode() + body)
         await writer.drain()
 
@@ -97,7 +98,8 @@ def sse_reply(*events: str, cut: bool = False, stall: float = 0.0) -> Reply:
     ``stall`` waits that long after the events (a stuck server)."""
 
     async def reply(writer: asyncio.StreamWriter) -> None:
-        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+                     b"Connection: close\r\n\r\n")
         for event in events:
             data = event.encode()
             writer.write(b"%x\r\n%s\r\n" % (len(data), data))
