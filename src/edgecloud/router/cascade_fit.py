@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .cascade import SIGNAL_NAMES, ConfidenceCheck, Signals, signals
-from .evaluate import cascade_point
+from .evaluate import cascade_point, fold_indices
 
 __all__ = ["GROUPS", "ablation", "choose_threshold", "evaluate_cascade", "out_of_fold_p_good", "row_signals"]
 
@@ -78,13 +78,8 @@ def out_of_fold_p_good(rows: Sequence[dict[str, Any]], row_signals: Sequence[Sig
     Thresholds are chosen on these: a check scored on the rows it was fitted on looks surer than
     it is, and a threshold chosen there escalates too little on new requests.
     """
-    import random
-
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
     out = [0.0] * len(rows)
-    for k in range(folds):
-        held = set(order[k::folds])
+    for held in fold_indices(len(rows), folds, seed):
         fit_rows = [r for i, r in enumerate(rows) if i not in held]
         fit_signals = [s for i, s in enumerate(row_signals) if i not in held]
         try:

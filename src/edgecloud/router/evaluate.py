@@ -27,7 +27,7 @@ import numpy as np
 
 __all__ = [
     "Curve", "apgr", "cascade_point", "cpt", "load_outcomes", "oracle_scores", "random_scores", "router_curve",
-    "split_outcomes", "summary", "plot_curves",
+    "split_outcomes", "fold_indices", "summary", "plot_curves",
 ]
 
 Curve = list[tuple[float, float]]  # (cloud fraction, quality)
@@ -61,6 +61,13 @@ def split_outcomes(rows: Sequence[dict[str, Any]], test_share: float = 0.3, seed
         test.extend(members[:cut])
         train.extend(members[cut:])
     return train, test
+
+
+def fold_indices(n: int, folds: int = 5, seed: int = 0) -> list[set[int]]:
+    """A seeded split of ``range(n)`` into ``folds`` held-out index sets (for out-of-fold values)."""
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    return [set(order[k::folds]) for k in range(folds)]
 
 
 def router_curve(rows: Sequence[dict[str, Any]], scores: Sequence[float]) -> Curve:

@@ -133,13 +133,10 @@ def out_of_fold_scores(rows: list[dict[str, Any]], *, folds: int = 5, c: float |
                        ) -> list[float]:
     """Each row's learned score from a scorer trained on the other folds: what the router would
     say about these requests had it never seen them (for fitting what comes after it)."""
-    import random
+    from .evaluate import fold_indices
 
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
     out = [0.0] * len(rows)
-    for k in range(folds):
-        held = set(order[k::folds])
+    for held in fold_indices(len(rows), folds, seed):
         scorer = LearnedScorer(train_scorer([r for i, r in enumerate(rows) if i not in held], c=c, seed=seed))
         for i in held:
             out[i] = scorer.score(rows[i])
