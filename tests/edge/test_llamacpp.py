@@ -205,6 +205,21 @@ def test_missing_runtime_says_how_to_install(model_path: Path, monkeypatch: pyte
         LlamaCppBackend(model_path).load()
 
 
+def test_llama_cpp_warnings_reach_stderr_only_when_verbose(model_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    # A vocabulary-only load (the torch engine's tokenizer) makes llama.cpp warn about its
+    # context; llama-cpp-python's own callback printed that warning despite verbose=False.
+    pytest.importorskip("torch")
+    from edgecloud.cloud.engine import Tokenizer
+    from edgecloud.edge.llamacpp_runtime import import_llama_cpp
+
+    Tokenizer(model_path).close()
+    assert capfd.readouterr().err == ""
+    llama_cpp = import_llama_cpp()
+    llama_cpp.Llama(model_path=str(model_path), vocab_only=True, verbose=True).close()
+    err = capfd.readouterr().err
+    assert "llama_model_loader" in err and "n_ctx_train" in err  # info and the warning, when asked for
+
+
 def test_missing_and_truncated_model_files(model_path: Path, tmp_path: Path) -> None:
     with pytest.raises(ModelNotFoundError):
         LlamaCppBackend(tmp_path / "absent.gguf").load()

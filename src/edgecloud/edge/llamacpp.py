@@ -52,6 +52,7 @@ from .chat_template import ChatTemplate
 from .chunks import AnswerChunks, answer_budget
 from .device import detect_device
 from .gguf_info import read_gguf_spec
+from .llamacpp_runtime import import_llama_cpp
 from .memory import plan as plan_memory
 from .prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
 
@@ -127,16 +128,6 @@ def token_piece(lib: Any, vocab: Any, token: int) -> bytes:
         buf = ctypes.create_string_buffer(-n)
         n = lib.llama_token_to_piece(vocab, token, buf, -n, 0, False)
     return buf.raw[:n]
-
-
-def _import_llama_cpp() -> Any:
-    try:
-        import llama_cpp
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            "the llama.cpp runtime is not installed; run: pip install 'edgecloud[edge]'"
-        ) from exc
-    return llama_cpp
 
 
 def _ggml_type(value: Any) -> int:
@@ -268,7 +259,7 @@ class LlamaCppBackend(SerialBackend):
     def _ensure_loaded(self) -> Any:
         if self._llm is not None:
             return self._llm
-        lib = _import_llama_cpp()
+        lib = import_llama_cpp()
         from ..store import resolve_model
 
         path = resolve_model(self.model, pull=True)

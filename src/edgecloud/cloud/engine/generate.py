@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from ...edge.chat_template import ChatTemplate
+from ...edge.llamacpp_runtime import import_llama_cpp
 from ...errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from .model import KVCache, Transformer
 
@@ -37,12 +38,7 @@ class Tokenizer:
     """llama.cpp's tokenizer for one GGUF file, plus its chat template and end-of-generation ids."""
 
     def __init__(self, model_path: str | os.PathLike[str]) -> None:
-        try:
-            import llama_cpp
-        except ImportError as exc:
-            raise BackendUnavailableError(
-                "the torch engine tokenizes with llama.cpp; install it with: pip install 'edgecloud[edge]'"
-            ) from exc
+        llama_cpp = import_llama_cpp("the torch engine's tokenizer")
         self.path = Path(model_path)
         try:
             self._llm = llama_cpp.Llama(model_path=str(self.path), vocab_only=True, verbose=False)
