@@ -154,6 +154,20 @@ def test_memory_plan_sizes_the_cache(smollm2_onnx: Path) -> None:
         assert planned.n_ctx == plan_onnx(smollm2_onnx).n_ctx
 
 
+def test_plan_cli_plans_an_export_folder_for_onnx_runtime(smollm2_onnx: Path) -> None:
+    from typer.testing import CliRunner
+
+    from edgecloud.cli import app
+
+    result = CliRunner().invoke(app, ["plan", "--model", str(smollm2_onnx), "--ctx", "2048", "--json"])
+    assert result.exit_code == 0, result.output
+    data = json.loads(result.stdout)
+    assert data == plan_onnx(smollm2_onnx, ctx=2048).to_dict()
+    assert data["kv_cache_type"] == "f32" and data["n_ctx"] == 2048
+    forced = CliRunner().invoke(app, ["plan", "--model", str(smollm2_onnx), "--kv-cache-type", "q8_0"])
+    assert forced.exit_code == 2 and "--kv-cache-type" in forced.output
+
+
 def test_a_folder_without_genai_config_is_model_not_found(tmp_path: Path) -> None:
     (tmp_path / "model.onnx").write_bytes(b"not a model")
     with pytest.raises(ModelNotFoundError, match=GENAI_CONFIG):

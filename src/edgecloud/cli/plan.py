@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -10,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ..edge.device import device_names
-from ..edge.memory import KV_CACHE_TYPES, plan
+from ..edge.memory import KV_CACHE_TYPES, MemoryPlan, plan, plan_onnx
 from ..errors import EdgeCloudError
 
 __all__ = ["plan_command"]
@@ -22,8 +23,19 @@ def _mib(n: int) -> str:
     return f"{n / _MiB:,.1f} MiB"
 
 
+def _plan(model: str, device: str, ctx: int | None, kv_cache_type: str | None) -> MemoryPlan:
+    """A GGUF model is planned for llama.cpp; a folder (an ONNX export) for onnxruntime-genai."""
+    if not Path(model).expanduser().is_dir():
+        return plan(model, device, ctx, kv_cache_type=kv_cache_type)
+    if kv_cache_type is not None:
+        raise typer.BadParameter("an ONNX export keeps its KV cache in float32; leave it out", param_hint="--kv-cache-type")
+    return plan_onnx(model, device, ctx)
+
+
 def plan_command(
-    model: str = typer.Option(..., "--model", help="Catalogue name or path to a local .gguf file."),
+    model: str = typer.Option(
+        ..., "--model", help="Catalogue name, path to a local .gguf file, or an `edgecloud export onnx` folder."
+    ),
     device: str = typer.Option("this", "--device", help=f"Device profile: {', '.join(device_names())}."),
     ctx: Optional[int] = typer.Option(None, "--ctx", help="Context tokens to plan for (default: the largest that fits, up to 8192)."),
     kv_cache_type: Optional[str] = typer.Option(
@@ -33,7 +45,7 @@ def plan_command(
 ) -> None:
     """Plan a model's memory on a device: weights, KV cache, compute buffers, and whether it fits."""
     try:
-        result = plan(model, device, ctx, kv_cache_type=kv_cache_type)
+        result = _plan(model, device, ctx, kv_cache_type)
     except EdgeCloudError as exc:
         typer.echo(f"edgecloud: error: {exc}", err=True)
         raise typer.Exit(2) from None
