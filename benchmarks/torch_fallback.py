@@ -12,8 +12,8 @@ without, best of ``--repeats``).
 
 On a CPU device the fallback's "move" is a copy of each input (the same path a GPU takes,
 minus the transfer), so the slowdown there is the interception and copy overhead only; on a
-GPU it also includes the device-to-host round trips. Prints one JSON object and writes it to
-``benchmarks/results/torch_fallback.json``.
+GPU it also includes the device-to-host round trips. Prints one JSON object and adds it to
+``benchmarks/results/torch_fallback.json`` under ``models.<model>`` (other models' entries stay).
 
     python benchmarks/torch_fallback.py [--model smollm2-135m-instruct-q4] [--tokens 200] [--repeats 2]
 """
@@ -109,9 +109,15 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     with bench_lock():
         result = measure(args.model, args.tokens, args.repeats)
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result, indent=2))
+    # One entry per model: a run on another model adds its entry instead of replacing the file.
+    models: dict[str, Any] = {}
+    if RESULTS.exists():
+        earlier = json.loads(RESULTS.read_text(encoding="utf-8"))
+        models = earlier.get("models", {earlier["model"]: earlier} if "model" in earlier else {})
+    models[result["model"]] = result
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps({"models": models}, indent=2) + "\n", encoding="utf-8")
 
 
 if __name__ == "__main__":
