@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgecloud import AsyncEdgeCloud, BackendUnavailableError, ChatCompletion, EdgeCloud, InvalidRequestError
+from edgecloud import AsyncEdgeCloud, ChatCompletion, EdgeCloud, InvalidRequestError
 
 QUESTION = [{"role": "user", "content": "Name a primary colour."}]
 

@@ -7,12 +7,10 @@ Greedy answers are compared with what the same backend says when called directly
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import email.utils
-import json
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
