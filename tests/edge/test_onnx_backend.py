@@ -159,10 +159,12 @@ def test_plan_cli_plans_an_export_folder_for_onnx_runtime(smollm2_onnx: Path) ->
 
     from edgecloud.cli import app
 
-    result = CliRunner().invoke(app, ["plan", "--model", str(smollm2_onnx), "--ctx", "2048", "--json"])
+    # a fixed profile: "this" budgets from the memory free at the moment, which moves between calls
+    args = ["plan", "--model", str(smollm2_onnx), "--device", "laptop-16gb", "--ctx", "2048", "--json"]
+    result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     data = json.loads(result.stdout)
-    assert data == plan_onnx(smollm2_onnx, ctx=2048).to_dict()
+    assert data == plan_onnx(smollm2_onnx, "laptop-16gb", ctx=2048).to_dict()
     assert data["kv_cache_type"] == "f32" and data["n_ctx"] == 2048
     forced = CliRunner().invoke(app, ["plan", "--model", str(smollm2_onnx), "--kv-cache-type", "q8_0"])
     assert forced.exit_code == 2 and "--kv-cache-type" in forced.output
