@@ -14,7 +14,17 @@ import uuid
 from collections.abc import Iterable
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    SerializerFunctionWrapHandler,
+    ValidationError,
+    computed_field,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from .errors import InvalidRequestError
 
@@ -226,6 +236,10 @@ class ChatRequest(_Validated):
 
 
 class Usage(BaseModel):
+    """Token counts. Serialized in OpenAI's shape too: ``prompt_tokens_details.cached_tokens``
+    (what the ``openai`` client reads) repeats ``cached_tokens``; ``speculative`` is left out
+    when the server did not speculate."""
+
     prompt_tokens: int = 0
     completion_tokens: int = 0
     total_tokens: int = 0
@@ -233,6 +247,19 @@ class Usage(BaseModel):
     cached_tokens: int = 0
     #: Speculative decoding figures (drafts, accepted tokens, k trace) when the server speculated.
     speculative: dict[str, Any] | None = None
+
+    @computed_field  # type: ignore[prop-decorator]
+    @property
+    def prompt_tokens_details(self) -> dict[str, int]:
+        """OpenAI's place for :attr:`cached_tokens`."""
+        return {"cached_tokens": self.cached_tokens}
+
+    @model_serializer(mode="wrap")
+    def _drop_empty_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        if data.get("speculative", True) is None:
+            del data["speculative"]
+        return data
 
 
 class RouteInfo(BaseModel):

@@ -85,8 +85,11 @@ def test_openai_client_plain_and_streaming(server: str) -> None:
     assert text and reply.usage.completion_tokens == 12 and reply.choices[0].finish_reason == "length"
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == text
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
-    # The second identical prompt came from the prefix cache.
+    # The second identical prompt came from the prefix cache, reported where OpenAI reports it.
     assert _metric(server, "prefix_cache_hits_total") > 0
+    details = chunks[-1].usage.prompt_tokens_details
+    assert details is not None and 0 < details.cached_tokens < chunks[-1].usage.prompt_tokens
+    assert "speculative" not in (reply.usage.model_extra or {})  # no speculation, no empty block
 
 
 def test_cloud_backend_and_text_completions(server: str) -> None:
