@@ -85,3 +85,15 @@ def test_collect_chunks_folds_text_finish_and_usage() -> None:
 def test_collect_empty_stream_is_an_error() -> None:
     with pytest.raises(InvalidRequestError):
         collect_chunks([])
+
+
+def test_usage_is_also_in_openai_shape_and_skips_an_empty_speculative_block() -> None:
+    import json
+
+    usage = Usage(prompt_tokens=40, completion_tokens=8, total_tokens=48, cached_tokens=32)
+    assert usage.prompt_tokens_details.cached_tokens == 32  # the openai client's attribute path
+    data = json.loads(usage.model_dump_json())
+    assert data["prompt_tokens_details"] == {"cached_tokens": 32} and data["cached_tokens"] == 32
+    assert "speculative" not in data
+    assert json.loads(Usage(speculative={"drafts": 3}).model_dump_json())["speculative"] == {"drafts": 3}
+    assert Usage.model_validate(data) == usage  # what it writes reads back

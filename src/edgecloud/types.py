@@ -33,6 +33,7 @@ __all__ = [
     "ChatMessage",
     "ChatRequest",
     "Usage",
+    "PromptTokensDetails",
     "RouteInfo",
     "TopLogprob",
     "TokenLogprob",
@@ -235,6 +236,12 @@ class ChatRequest(_Validated):
         return out
 
 
+class PromptTokensDetails(BaseModel):
+    """OpenAI's breakdown of the prompt tokens."""
+
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     """Token counts. Serialized in OpenAI's shape too: ``prompt_tokens_details.cached_tokens``
     (what the ``openai`` client reads) repeats ``cached_tokens``; ``speculative`` is left out
@@ -250,9 +257,9 @@ class Usage(BaseModel):
 
     @computed_field  # type: ignore[prop-decorator]
     @property
-    def prompt_tokens_details(self) -> dict[str, int]:
-        """OpenAI's place for :attr:`cached_tokens`."""
-        return {"cached_tokens": self.cached_tokens}
+    def prompt_tokens_details(self) -> PromptTokensDetails:
+        """OpenAI's place for :attr:`cached_tokens` (``usage.prompt_tokens_details.cached_tokens``)."""
+        return PromptTokensDetails(cached_tokens=self.cached_tokens)
 
     @model_serializer(mode="wrap")
     def _drop_empty_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
