@@ -111,10 +111,7 @@ def main() -> None:
         result = measure(args.model, args.tokens, args.repeats)
     print(json.dumps(result, indent=2))
     # One entry per model: a run on another model adds its entry instead of replacing the file.
-    models: dict[str, Any] = {}
-    if RESULTS.exists():
-        earlier = json.loads(RESULTS.read_text(encoding="utf-8"))
-        models = earlier.get("models", {earlier["model"]: earlier} if "model" in earlier else {})
+    models = json.loads(RESULTS.read_text(encoding="utf-8"))["models"] if RESULTS.exists() else {}
     models[result["model"]] = result
     RESULTS.parent.mkdir(parents=True, exist_ok=True)
     RESULTS.write_text(json.dumps({"models": models}, indent=2) + "\n", encoding="utf-8")

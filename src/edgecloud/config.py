@@ -26,7 +26,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo
 from pydantic import field_validator
@@ -45,8 +45,8 @@ else:  # pragma: no cover - exercised on Python 3.10 only
         tomllib = None
 
 __all__ = [
-    "CONFIG_ENV", "DEFAULT_CONFIG_FILE", "ENV_PREFIX", "EdgeCloudSettings", "FallbackSettings", "Prices",
-    "RouterSettings", "load_settings", "to_toml_example",
+    "CONFIG_ENV", "DEFAULT_CONFIG_FILE", "EDGE_RUNTIMES", "ENV_PREFIX", "EdgeCloudSettings", "EdgeRuntime",
+    "FallbackSettings", "Prices", "RouterSettings", "load_settings", "to_toml_example",
 ]
 
 ENV_PREFIX = "EDGECLOUD_"
@@ -66,6 +66,11 @@ def _http_url(url: str) -> str:
 
 _HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
+
+#: The edge runtimes (``edge_runtime``, ``edgecloud chat --backend``), built by
+#: :func:`edgecloud.hybrid.make_edge_backend`.
+EdgeRuntime = Literal["llamacpp", "torch", "onnx"]
+EDGE_RUNTIMES: tuple[str, ...] = get_args(EdgeRuntime)
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -142,7 +147,7 @@ class EdgeCloudSettings(BaseSettings):
         "qwen2.5-coder-0.5b-instruct-q4",
         description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
     )
-    edge_runtime: Literal["llamacpp", "torch", "onnx"] = Field(
+    edge_runtime: EdgeRuntime = Field(
         "llamacpp",
         description="Edge runtime: llama.cpp (INT4 as is), torch (cuda/mps/cpu, per-op CPU fallback) or onnx "
                     "(onnxruntime-genai; edge_model is then an `edgecloud export onnx` folder).",

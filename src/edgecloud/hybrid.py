@@ -34,7 +34,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 from .backend import Backend
-from .config import EdgeCloudSettings, load_settings
+from .config import EDGE_RUNTIMES, EdgeCloudSettings, load_settings
 from .errors import ConfigError, InvalidRequestError
 from .fallback import Attempt, CircuitBreaker, FailoverStream, Part
 from .observability.client_metrics import ClientMetrics
@@ -68,7 +68,7 @@ def make_edge_backend(runtime: str, model: str, *, n_ctx: int | None = None, dev
         from .edge.llamacpp import LlamaCppBackend
 
         return LlamaCppBackend(model, n_ctx=n_ctx, device=device)
-    raise ConfigError(f"unknown edge runtime {runtime!r}; use llamacpp, torch or onnx")
+    raise ConfigError(f"unknown edge runtime {runtime!r}; use {', '.join(EDGE_RUNTIMES)}")
 
 Side = Literal["edge", "cloud"]
 

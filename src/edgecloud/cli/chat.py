@@ -21,6 +21,7 @@ import typer
 from rich.console import Console
 
 from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
+from ..config import EDGE_RUNTIMES
 from ..errors import EdgeCloudError
 from ..store import resolve_model
 from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
@@ -28,8 +29,6 @@ from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
 
-#: ``--backend``: the edge runtimes the client can build (``edge_runtime``).
-EDGE_RUNTIMES = ("llamacpp", "torch", "onnx")
 #: Runtimes whose ``--model`` is an export folder (``edgecloud export onnx --out DIR``), not a GGUF model to pull.
 _FOLDER_MODELS = frozenset({"onnx"})
 
@@ -127,7 +126,7 @@ def chat_command(
     ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the planner's choice)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
     route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
-    backend: str = typer.Option("llamacpp", "--backend", help="Edge runtime: llamacpp, torch or onnx."),
+    backend: str = typer.Option("llamacpp", "--backend", help=f"Edge runtime: {', '.join(EDGE_RUNTIMES)}."),
     cloud_url: list[str] = typer.Option(
         [], "--cloud-url", help="OpenAI-compatible endpoint (repeat for fallbacks; or EDGECLOUD_CLOUD_BASE_URL)."
     ),

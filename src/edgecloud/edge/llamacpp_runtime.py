@@ -36,10 +36,9 @@ GGML_LOG_LEVELS: dict[int, int] = {
 }
 _CONT = 5  # continues the previous line at its level
 
-_installed = False
 _lock = threading.Lock()
 _last_level = logging.CRITICAL
-_callback: object = None  # the ctypes callback, kept alive for as long as llama.cpp may call it
+_callback: object = None  # the installed ctypes callback (kept alive while llama.cpp may call it); None: not yet
 
 
 def _install(llama_cpp: ModuleType) -> None:
@@ -64,7 +63,6 @@ def import_llama_cpp(needed_by: str = "the llama.cpp edge backend") -> ModuleTyp
     Raises :class:`BackendUnavailableError` naming ``needed_by`` and the install command when
     llama-cpp-python is not installed.
     """
-    global _installed
     try:
         import llama_cpp
     except ImportError as exc:
@@ -72,7 +70,6 @@ def import_llama_cpp(needed_by: str = "the llama.cpp edge backend") -> ModuleTyp
             f"{needed_by} needs llama.cpp, which is not installed; run: pip install 'edgecloud[edge]'"
         ) from exc
     with _lock:
-        if not _installed:
+        if _callback is None:
             _install(llama_cpp)
-            _installed = True
     return llama_cpp
