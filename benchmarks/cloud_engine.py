@@ -35,7 +35,7 @@ from typing import Any
 import torch
 from _common import bench_lock, model_path
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, pack_linears
+from edgecloud.engine import Tokenizer, Transformer, pack_linears
 from edgecloud.cloud.scheduler import SamplingParams, Scheduler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cloud_engine.json"

@@ -21,8 +21,8 @@ import numpy as np
 from _common import bench_lock, model_path
 from gguf import GGMLQuantizationType
 
-from edgecloud.cloud.engine.dequant import dequantize
-from edgecloud.cloud.engine.weights import GGUFFile
+from edgecloud.engine.dequant import dequantize
+from edgecloud.engine.weights import GGUFFile
 
 RESULTS = Path(__file__).resolve().parent / "results" / "dequant_load.json"
 DEFAULT_MODELS = ["qwen2.5-coder-0.5b-instruct-q4", "qwen2.5-coder-1.5b-instruct-q4"]

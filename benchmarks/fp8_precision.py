@@ -36,7 +36,7 @@ from typing import Any
 import torch
 from _common import bench_lock, model_path
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, param_bytes
+from edgecloud.engine import Tokenizer, Transformer, param_bytes
 from edgecloud.quant import (
     FP8Linear,
     compare_precision,

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, pack_linears
+from edgecloud.engine import Tokenizer, Transformer, pack_linears
 from edgecloud.cloud.scheduler import SamplingParams, Scheduler
 from edgecloud.cloud.speculative import LlamaDraftProposer, NgramProposer, Proposer, SpecConfig, Speculator
 from edgecloud.store import resolve_model

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from _common import bench_lock, model_path
 
-from edgecloud.cloud.engine import decode_one_token, prefill
+from edgecloud.engine import decode_one_token, prefill
 from edgecloud.edge.torch import TorchBackend
 from edgecloud.quant import load_sample
 

@@ -47,7 +47,7 @@ def engine(smollm2_path: Path) -> Iterator[tuple[Any, Any]]:
     """``(Transformer, Tokenizer)``: SmolLM2 on the torch engine (fp32, oneDNN-packed), one per test module."""
     pytest.importorskip("torch")
     pytest.importorskip("llama_cpp")
-    from edgecloud.cloud.engine import Tokenizer, Transformer, pack_linears
+    from edgecloud.engine import Tokenizer, Transformer, pack_linears
 
     model = Transformer.from_gguf(smollm2_path)
     pack_linears(model)

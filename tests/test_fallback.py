@@ -8,7 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from edgecloud.backend import Backend
-from edgecloud.edge.chat_template import ChatTemplate
+from edgecloud.runtime.chat_template import ChatTemplate
 from edgecloud.errors import (
     AuthenticationError,
     BackendError,
@@ -95,17 +95,22 @@ def test_breaker_released_trial_can_be_taken_again() -> None:
 # ------------------------------------------------------------------ causes
 
 
-def test_causes_and_what_falls_back() -> None:
+def test_cause_is_read_from_the_type_never_the_text() -> None:
+    # the words CloudBackend once used for these causes now mean nothing without the typed field
+    for text in ("cannot connect to http://x: refused", "http://x did not answer (read_timeout)",
+                 "sent a malformed stream", "the stream broke after 3 chunks", "dropped the connection"):
+        assert cause_of(BackendError(text), "cloud") == "unknown"
+    assert cause_of(BackendError("anything", cause="timeout"), "cloud") == "timeout"
     assert cause_of(RateLimitedError("slow down"), "cloud") == "rate_limited"
     assert cause_of(ContextOverflowError(9000, 2048), "edge") == "context_overflow"
-    assert cause_of(BackendUnavailableError("cannot connect to http://x: refused"), "cloud") == "connect"
-    assert cause_of(BackendError("http://x did not answer within 1 s (read_timeout)"), "cloud") == "timeout"
-    assert cause_of(BackendError("http://x sent a malformed stream: an event is not JSON"), "cloud") == "malformed_stream"
-    assert cause_of(BackendError("the stream from http://x broke after 3 chunks"), "cloud") == "disconnected"
-    assert cause_of(BackendError("http://x answered 500"), "cloud") == "server_error"
     assert cause_of(ModelNotFoundError("no file"), "edge") == "load_error"
     assert cause_of(MemoryError(), "edge") == "out_of_memory"
-    assert cause_of(RuntimeError("ggml"), "edge") == "edge_error"
+    assert cause_of(RuntimeError("ggml"), "edge") == "unknown"
+    with pytest.raises(ValueError, match="unknown failure cause"):
+        BackendError("x", cause="gremlins")  # type: ignore[arg-type]
+
+
+def test_what_falls_back() -> None:
     assert can_fall_back(BackendError("x"), "cloud") and can_fall_back(RuntimeError("x"), "edge")
     assert can_fall_back(ContextOverflowError(9000, 2048), "edge")
     assert can_fall_back(ModelNotFoundError("no file"), "edge")
@@ -118,7 +123,7 @@ def test_causes_and_what_falls_back() -> None:
 
 
 def test_failure_before_text_starts_the_next_backend_fresh() -> None:
-    dead = Scripted("cloud-a", [], BackendUnavailableError("cannot connect to a"))
+    dead = Scripted("cloud-a", [], BackendUnavailableError("refused", cause="connect"))
     edge = Scripted("edge", ["Once", " upon"])
     route = RouteInfo(target="cloud", backend="")
     chunks = list(FailoverStream([_attempt("cloud", dead), _attempt("edge", edge)], REQUEST, route))
@@ -129,7 +134,7 @@ def test_failure_before_text_starts_the_next_backend_fresh() -> None:
 
 
 def test_failure_mid_stream_continues_with_the_partial_answer() -> None:
-    cloud = Scripted("cloud", ["Once", " upon"], BackendError("the stream from c broke after 2 chunks"))
+    cloud = Scripted("cloud", ["Once", " upon"], BackendError("cut off", cause="disconnected"))
     edge = Scripted("edge", [" a time."])
     route = RouteInfo(target="cloud", backend="")
     seen: list[tuple[str, str, str, int]] = []
@@ -148,8 +153,42 @@ def test_failure_mid_stream_continues_with_the_partial_answer() -> None:
     assert [p.side for p in stream.parts] == ["cloud", "edge"] and stream.parts[1].ok
 
 
+def test_each_chunk_keeps_the_route_it_was_produced_with() -> None:
+    cloud = Scripted("cloud", ["Once", " upon"], BackendError("cut off", cause="disconnected"))
+    edge = Scripted("edge", [" a time."])
+    route = RouteInfo(target="cloud", backend="")
+    held: list[tuple[ChatCompletionChunk, str, int]] = []
+    for chunk in FailoverStream([_attempt("cloud", cloud), _attempt("edge", edge)], REQUEST, route):
+        assert chunk.route is not None
+        held.append((chunk, chunk.route.target, len(chunk.route.fallbacks)))
+    # nothing a chunk carried changed after it was handed out
+    assert all(c.route.target == target and len(c.route.fallbacks) == n for c, target, n in held)
+    by_text = {c.text: c.route for c, _, _ in held if c.text}
+    assert by_text["Once"].target == "cloud" and by_text["Once"].fallbacks == []
+    assert by_text[" a time."].target == "edge" and by_text[" a time."].fallbacks[0]["cause"] == "disconnected"
+    final = held[-1][0]
+    assert final.choices[0].finish_reason == "stop" and final.route.fallbacks[0].get("resume_s") is not None
+    assert final.route is not route  # a copy: the stream's own record stays its own
+
+
+def test_async_iteration_switches_like_the_sync_one() -> None:
+    import asyncio
+
+    cloud = Scripted("cloud", ["Once", " upon"], BackendError("cut off", cause="disconnected"))
+    edge = Scripted("edge", [" a time."])
+    route = RouteInfo(target="cloud", backend="")
+
+    async def run() -> list[ChatCompletionChunk]:
+        return [c async for c in FailoverStream([_attempt("cloud", cloud), _attempt("edge", edge)], REQUEST, route)]
+
+    chunks = asyncio.run(run())
+    assert "".join(c.text for c in chunks) == "Once upon a time."
+    assert edge.requests[0].messages[-1].content == "Once upon"
+    assert route.target == "edge" and route.fallbacks[0]["cause"] == "disconnected"
+
+
 def test_no_fallback_mid_stream_when_disabled_and_typed_errors() -> None:
-    cloud = Scripted("cloud", ["Once"], BackendError("the stream from c broke after 1 chunks"))
+    cloud = Scripted("cloud", ["Once"], BackendError("the stream broke", cause="disconnected"))
     edge = Scripted("edge", ["x"])
     with pytest.raises(BackendError, match="broke"):
         list(FailoverStream([_attempt("cloud", cloud), _attempt("edge", edge)], REQUEST,

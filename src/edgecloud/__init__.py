@@ -29,7 +29,7 @@ from .types import (
     Usage,
 )
 
-__version__ = "0.1.0"
+from ._version import __version__
 
 __all__ = [
     "EdgeCloud",

@@ -1,9 +1,15 @@
 """The Backend interface: every runtime (edge or cloud) turns a ChatRequest into chunks.
 
 One abstract method, :meth:`Backend.stream`. Everything else is derived: ``complete`` is the
-stream collected, ``astream`` / ``acomplete`` run the sync stream on a worker thread (closing
-the async iterator stops generation), ``close`` / ``aclose`` release resources. Capabilities
-are class attributes so routers and fallbacks can ask without trying.
+stream collected; ``astream`` / ``acomplete`` run the sync stream on one bounded, process-wide
+pool of worker threads (:data:`SYNC_WORKERS` at most, whatever the number of concurrent
+requests; closing the async iterator stops generation) unless the backend does its own async
+I/O (``native_async``, e.g. the HTTP cloud client); ``close`` / ``aclose`` release resources.
+
+What callers need to know about a backend is declared here, not found with ``getattr``:
+``model_name``, ``n_ctx`` (when known: after loading for a local model), ``base_url`` (remote
+backends), and capabilities as class attributes (``supports_logprobs``,
+``supports_continuation`` ...) that the hybrid consults before it asks for something.
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ import asyncio
 import contextlib
 import threading
 from abc import ABC, abstractmethod
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, ClassVar, Literal
 
@@ -19,9 +26,23 @@ from .errors import BackendError, BackendUnavailableError
 
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
-__all__ = ["Backend", "SerialBackend"]
+__all__ = ["SYNC_WORKERS", "Backend", "SerialBackend"]
 
 _DONE = object()
+#: Threads that run synchronous backends' streams for async callers, process-wide. A local
+#: runtime serves one request at a time anyway (:class:`SerialBackend`): more threads would
+#: only wait on its lock.
+SYNC_WORKERS = 8
+_executor: ThreadPoolExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _sync_executor() -> ThreadPoolExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = ThreadPoolExecutor(max_workers=SYNC_WORKERS, thread_name_prefix="edgecloud-sync")
+        return _executor
 
 
 class Backend(ABC):
@@ -32,9 +53,22 @@ class Backend(ABC):
     #: Which side of the hybrid this backend is.
     target: ClassVar[Literal["edge", "cloud"]] = "edge"
     can_stream: ClassVar[bool] = True
+    #: Chunks carry token logprobs when the request asks (``logprobs``, ``top_logprobs``).
     supports_logprobs: ClassVar[bool] = False
     supports_seed: ClassVar[bool] = False
     supports_stop: ClassVar[bool] = True
+    #: Continues a partial assistant message (``continue_final_message``): what a mid-stream
+    #: fallback to this backend needs.
+    supports_continuation: ClassVar[bool] = True
+    #: ``astream`` does its own async I/O; otherwise it runs ``stream`` on the shared pool.
+    native_async: ClassVar[bool] = False
+
+    #: The model this backend answers with (a catalogue name, file stem or served name).
+    model_name: str = ""
+    #: Tokens of prompt + answer it can hold, when known (local runtimes: once loaded).
+    n_ctx: int | None = None
+    #: The API root of a remote backend (None for local runtimes).
+    base_url: str | None = None
 
     @abstractmethod
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
@@ -51,12 +85,15 @@ class Backend(ABC):
                 close()
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
-        """Async twin of :meth:`stream`: runs it on a worker thread, one chunk at a time."""
+        """Async twin of :meth:`stream`: runs it on the shared worker pool, one chunk at a time."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Any] = asyncio.Queue()
         stop = threading.Event()
 
         def worker() -> None:
+            if stop.is_set():  # the caller gave up while this waited for a free worker
+                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+                return
             gen = self.stream(request)
             try:
                 for chunk in gen:
@@ -71,8 +108,7 @@ class Backend(ABC):
                     close()
                 loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
-        thread = threading.Thread(target=worker, name=f"{self.name}-astream", daemon=True)
-        thread.start()
+        future = loop.run_in_executor(_sync_executor(), worker)
         try:
             while True:
                 item = await queue.get()
@@ -83,7 +119,7 @@ class Backend(ABC):
                 yield item
         finally:
             stop.set()
-            await asyncio.to_thread(thread.join)
+            await asyncio.shield(future)
 
     async def acomplete(self, request: ChatRequest) -> ChatCompletion:
         """Async twin of :meth:`complete`."""
@@ -96,7 +132,7 @@ class Backend(ABC):
         """Release the runtime's resources. Safe to call twice."""
 
     async def aclose(self) -> None:
-        await asyncio.to_thread(self.close)
+        await asyncio.get_running_loop().run_in_executor(_sync_executor(), self.close)
 
     def __enter__(self) -> "Backend":
         return self

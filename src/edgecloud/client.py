@@ -26,11 +26,12 @@ from .config import EdgeCloudSettings
 from .hybrid import Hybrid, settings_from
 from .observability.client_metrics import ClientMetrics
 from .router.policy import RoutePolicy
+from .store.catalogue import DEFAULT_MODEL
 from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, collect_chunks
 
 __all__ = ["EdgeCloud", "AsyncEdgeCloud", "DEFAULT_EDGE_MODEL"]
 
-DEFAULT_EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+DEFAULT_EDGE_MODEL = DEFAULT_MODEL
 _UNSET: Any = object()
 
 

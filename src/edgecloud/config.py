@@ -34,7 +34,9 @@ from pydantic.fields import FieldInfo
 from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
 from pydantic_settings.exceptions import SettingsError
 
+from .cloud.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_RETRIES
 from .errors import ConfigError
+from .store.catalogue import DEFAULT_MODEL
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -126,8 +128,11 @@ class FallbackSettings(_Section):
     enabled: bool = Field(True, description="Retry a failed request on the other side.")
     failure_threshold: int = Field(3, ge=1, description="Consecutive failures that open a backend's circuit.")
     cooldown_s: float = Field(30.0, gt=0, description="Seconds an open circuit waits before a trial request.")
-    max_retries: int = Field(2, ge=0, description="Retries of a retryable cloud error (429, 5xx, connect).")
-    backoff_s: float = Field(0.25, ge=0, description="First retry delay in seconds; doubles per retry.")
+    max_retries: int = Field(
+        DEFAULT_MAX_RETRIES, ge=0,
+        description="Retries on the same URL of a retryable cloud error (429, 502, 503, 504, connect errors).",
+    )
+    backoff_s: float = Field(DEFAULT_BACKOFF_S, ge=0, description="First retry delay in seconds; doubles per retry.")
     timeout_s: float = Field(60.0, gt=0, description="Cloud read timeout in seconds.")
     connect_timeout_s: float = Field(5.0, gt=0, description="Cloud connect timeout in seconds.")
     cloud_order: Literal["in_order", "round_robin"] = Field(
@@ -144,7 +149,7 @@ class EdgeCloudSettings(BaseSettings):
     )
 
     edge_model: str | None = Field(
-        "qwen2.5-coder-0.5b-instruct-q4",
+        DEFAULT_MODEL,
         description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
     )
     edge_runtime: EdgeRuntime = Field(

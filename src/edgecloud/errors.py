@@ -2,7 +2,11 @@
 
 Every error edgecloud raises on purpose is an :class:`EdgeCloudError`. Lower-layer
 errors (llama.cpp, pip, the OS, HTTP) are translated at the boundary where they happen and
-re-raised ``from`` the original, so callers never match on message text::
+re-raised ``from`` the original, so callers never match on message text. Each error also says
+*why* it happened as a short, typed :attr:`EdgeCloudError.cause` (one of :data:`FAILURE_CAUSES`),
+set where the failure is seen (the HTTP client knows a refused port from a read timeout; the
+llama.cpp backend knows a load failure from a decode failure); fallback, metrics and the
+route record read that field, never the message::
 
     EdgeCloudError
     ├── InvalidRequestError (also ValueError)    bad input; the message names the field
@@ -22,7 +26,11 @@ re-raised ``from`` the original, so callers never match on message text::
 
 from __future__ import annotations
 
+from typing import Literal, get_args
+
 __all__ = [
+    "FAILURE_CAUSES",
+    "FailureCause",
     "EdgeCloudError",
     "InvalidRequestError",
     "ContextOverflowError",
@@ -40,13 +48,43 @@ __all__ = [
 ]
 
 
+#: Why a request failed, as recorded in ``route.fallbacks[*].cause`` and the
+#: ``edgecloud:fallbacks_total{cause}`` metric. Transport: ``connect`` (refused, unreachable,
+#: connect timeout), ``timeout`` (no answer within the read timeout), ``disconnected`` (the
+#: connection or stream ended early), ``malformed_stream`` (bytes that are not the protocol),
+#: ``rate_limited`` (429), ``server_error`` (5xx or an in-band error). Runtime: ``load_error``
+#: (missing, broken or unloadable model), ``out_of_memory``, ``context_overflow``,
+#: ``runtime_error`` (the runtime failed while generating), ``closed`` (the backend was closed),
+#: ``circuit_open`` (skipped after repeated failures), ``cancelled``. Caller: ``invalid_request``, ``authentication``, ``privacy``, ``config``.
+#: ``unknown``: nothing typed it.
+FailureCause = Literal[
+    "connect", "timeout", "disconnected", "malformed_stream", "rate_limited", "server_error",
+    "load_error", "out_of_memory", "context_overflow", "runtime_error", "closed", "circuit_open", "cancelled",
+    "invalid_request", "authentication", "privacy", "config", "unknown",
+]
+FAILURE_CAUSES: tuple[str, ...] = get_args(FailureCause)
+
+
 class EdgeCloudError(Exception):
-    """Root of every error edgecloud raises on purpose."""
+    """Root of every error edgecloud raises on purpose.
+
+    ``cause`` (keyword) overrides the class's default :attr:`cause`; it must be one of
+    :data:`FAILURE_CAUSES`.
+    """
 
     #: HTTP status the cloud server answers for this error (OpenAI error shape).
     status_code: int = 500
     #: OpenAI-style error ``type``.
     error_type: str = "server_error"
+    #: Why it happened (see :data:`FailureCause`); the class default unless the raise site says more.
+    cause: FailureCause = "unknown"
+
+    def __init__(self, *args: object, cause: FailureCause | None = None) -> None:
+        super().__init__(*args)
+        if cause is not None:
+            if cause not in FAILURE_CAUSES:
+                raise ValueError(f"unknown failure cause {cause!r}; use one of {', '.join(FAILURE_CAUSES)}")
+            self.cause = cause
 
 
 class InvalidRequestError(EdgeCloudError, ValueError):
@@ -54,6 +92,7 @@ class InvalidRequestError(EdgeCloudError, ValueError):
 
     status_code = 400
     error_type = "invalid_request_error"
+    cause: FailureCause = "invalid_request"
 
     def __init__(self, message: str, *, param: str | None = None) -> None:
         super().__init__(message)
@@ -62,6 +101,8 @@ class InvalidRequestError(EdgeCloudError, ValueError):
 
 class ContextOverflowError(InvalidRequestError):
     """The prompt (plus room to answer) does not fit the context window."""
+
+    cause: FailureCause = "context_overflow"
 
     def __init__(self, prompt_tokens: int, context_tokens: int, *, detail: str = "") -> None:
         message = (
@@ -75,6 +116,8 @@ class ContextOverflowError(InvalidRequestError):
 
 class ModelError(EdgeCloudError):
     """Something is wrong with a model: its name, its file or its download."""
+
+    cause: FailureCause = "load_error"
 
 
 class ModelNotFoundError(ModelError, LookupError):
@@ -97,6 +140,7 @@ class AuthenticationError(EdgeCloudError):
 
     status_code = 401
     error_type = "invalid_request_error"
+    cause: FailureCause = "authentication"
 
 
 class BackendError(EdgeCloudError):
@@ -107,7 +151,10 @@ class BackendError(EdgeCloudError):
 
 
 class BackendUnavailableError(BackendError):
-    """The runtime cannot be used here (not installed, or the model cannot load)."""
+    """The runtime cannot be used here (not installed, or the model cannot load), or the
+    endpoint cannot be reached; ``cause`` says which."""
+
+    cause: FailureCause = "load_error"
 
 
 class RateLimitedError(BackendError):
@@ -115,6 +162,7 @@ class RateLimitedError(BackendError):
 
     status_code = 429
     error_type = "rate_limit_error"
+    cause: FailureCause = "rate_limited"
 
     def __init__(self, message: str, *, retry_after: float | None = None) -> None:
         super().__init__(message)
@@ -124,6 +172,8 @@ class RateLimitedError(BackendError):
 class GenerationCancelled(BackendError):
     """The caller stopped a stream before it finished."""
 
+    cause: FailureCause = "cancelled"
+
 
 class PrivacyViolationError(EdgeCloudError):
     """A request pinned to the device (privacy=local_only, or PII under pii=edge_only) cannot be
@@ -131,7 +181,10 @@ class PrivacyViolationError(EdgeCloudError):
 
     status_code = 403
     error_type = "privacy_error"
+    cause: FailureCause = "privacy"
 
 
 class ConfigError(EdgeCloudError, ValueError):
     """A settings file or EDGECLOUD_* variable has a bad value."""
+
+    cause: FailureCause = "config"

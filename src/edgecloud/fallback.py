@@ -6,9 +6,11 @@ This module owns three things:
   the circuit (the backend is skipped); after ``cooldown_s`` it is half-open and lets one
   trial request through; a success closes it, a failure opens it again.
 * :func:`cause_of` / :func:`can_fall_back`: which errors move a request to another backend,
-  and the short cause recorded for it (cloud: ``connect``, ``timeout``, ``rate_limited``,
-  ``server_error``, ``malformed_stream``, ``disconnected``; edge: ``load_error``,
-  ``out_of_memory``, ``edge_error``; either: ``context_overflow``).
+  and the short cause recorded for it. The cause is typed where the failure happened
+  (:attr:`edgecloud.errors.EdgeCloudError.cause`: ``connect``, ``timeout``, ``rate_limited``,
+  ``server_error``, ``malformed_stream``, ``disconnected``, ``load_error``, ``out_of_memory``,
+  ``context_overflow``, ``runtime_error`` ...); an exception edgecloud did not raise is typed
+  by its class (``MemoryError``, ``OSError``), else ``unknown``. No message text is read.
   Bad requests (the same on every backend), a cloud's authentication or unknown-model errors
   (configuration mistakes the operator must see) and privacy refusals never fall back.
 * :class:`FailoverStream`: runs one request on a list of :class:`Attempt` in order and yields
@@ -17,8 +19,12 @@ This module owns three things:
   the prompt plus that partial answer (``continue_final_message``, an assistant prefill), so
   the caller gets one answer with no text repeated and none lost. Every switch is appended to
   ``route.fallbacks`` (``from``, ``to``, ``cause``, ``error``, ``at_chars``, ``at_tokens``, and
-  ``resume_s``: seconds from the failure to the next backend's first text), and every chunk
-  carries the current ``route``.
+  ``resume_s``: seconds from the failure to the next backend's first text). Every chunk carries
+  a snapshot of the route as it was when the chunk was produced (a chunk the caller holds never
+  changes afterwards); the final chunk's is the complete one. :class:`FailoverStream` is
+  iterated with ``for`` (each backend's ``stream``) or ``async for`` (each backend's
+  ``astream``): the decisions live in one sans-I/O core (:class:`_Failover`), the two loops
+  only move chunks.
 
 Retries of a retryable cloud error on the *same* endpoint (429/503/connect, with backoff and
 ``Retry-After``) happen inside :class:`~edgecloud.cloud.client.CloudBackend`; this module moves
@@ -29,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal, NoReturn
 
@@ -40,10 +46,10 @@ from .errors import (
     BackendUnavailableError,
     ContextOverflowError,
     EdgeCloudError,
+    FailureCause,
     InvalidRequestError,
     ModelError,
     PrivacyViolationError,
-    RateLimitedError,
 )
 from .types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, Usage
 
@@ -114,34 +120,27 @@ class CircuitBreaker:
         return f"CircuitBreaker({self.name!r}, {self.state}, failures={self._failures})"
 
 
-def cause_of(exc: BaseException, side: Side) -> str:
-    """A short, low-cardinality name for why a backend failed (metrics label, route record)."""
-    if isinstance(exc, ContextOverflowError):
-        return "context_overflow"
-    if isinstance(exc, RateLimitedError):
-        return "rate_limited"
-    if side == "edge":
-        if isinstance(exc, MemoryError):
-            return "out_of_memory"
-        return "load_error" if isinstance(exc, (ModelError, OSError)) else "edge_error"
-    transport = type(exc.__cause__).__name__ if exc.__cause__ is not None else ""
-    text = str(exc)
-    if transport in ("ConnectError", "ConnectTimeout") or text.startswith("cannot connect"):
-        return "connect"
-    if transport.endswith("Timeout") or "(read_timeout)" in text:
-        return "timeout"
-    if "malformed stream" in text:
-        return "malformed_stream"
-    if " broke after " in text or " ended after " in text or "dropped the connection" in text:
-        return "disconnected"
-    return "server_error"
+def cause_of(exc: BaseException, side: Side) -> FailureCause:
+    """A short, low-cardinality name for why a backend failed (metrics label, route record).
+
+    Read from the error's type: edgecloud's errors carry the cause their raise site gave them;
+    anything else is named by its class (``MemoryError`` -> ``out_of_memory``; ``OSError`` on
+    the edge -> ``load_error``), else ``unknown``.
+    """
+    if isinstance(exc, EdgeCloudError):
+        return exc.cause
+    if isinstance(exc, MemoryError):
+        return "out_of_memory"
+    if isinstance(exc, OSError) and side == "edge":
+        return "load_error"
+    return "unknown"
 
 
-def _raise_typed(exc: BaseException, where: str) -> NoReturn:
-    """Raise ``exc`` when it is one of ours, else a BackendError naming the backend."""
+def _raise_typed(exc: BaseException, where: str, side: Side) -> NoReturn:
+    """Raise ``exc`` when it is one of ours, else a BackendError naming the backend and the cause."""
     if isinstance(exc, EdgeCloudError):
         raise exc
-    raise BackendError(f"{where} failed: {type(exc).__name__}: {exc}") from exc
+    raise BackendError(f"{where} failed: {type(exc).__name__}: {exc}", cause=cause_of(exc, side)) from exc
 
 
 def can_fall_back(exc: BaseException, side: Side = "edge") -> bool:
@@ -193,7 +192,8 @@ class FailoverStream:
     receives the last chunk (with the finish reason) and the parts, before it is yielded, to
     set usage and cost. ``usage`` of the final chunk is the sum of the parts: the prompt
     tokens of the first part, completion tokens of all (a part cut short without usage is
-    counted as one token per content chunk it delivered).
+    counted as one token per content chunk it delivered). Iterate it with ``for`` or
+    ``async for``.
     """
 
     attempts: list[Attempt]
@@ -206,86 +206,60 @@ class FailoverStream:
     skipped: list[str] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[ChatCompletionChunk]:
-        delivered: list[str] = []
-        head: ChatCompletionChunk | None = None  # id/created/model of the caller's stream
-        last_error: BaseException | None = None
-        pending_from: tuple[Attempt, BaseException] | None = None
-        failed_at: float | None = None  # when the last failure was seen (for ``resume_s``)
+        run = _Failover(self)
         for attempt in self.attempts:
-            if not attempt.breaker.allow():
-                self.skipped.append(f"{attempt.label or attempt.side}: circuit open")
+            request = run.begin(attempt)
+            if request is None:
                 continue
-            if pending_from is not None:
-                self._record(pending_from[0], attempt, pending_from[1], len("".join(delivered)))
-                pending_from = None
-            text = "".join(delivered)
-            request = self._continuation(text) if text else self.request
-            self.route.target, self.route.backend = attempt.side, attempt.backend.name
-            part = Part(attempt.side, attempt.backend.name)
-            self.parts.append(part)
-            started = time.perf_counter()
             stream: Any = None
-            verdict = False
             try:
                 stream = attempt.backend.stream(request)
                 for chunk in stream:
-                    chunk.route = self.route
-                    if head is None:
-                        head = chunk
-                    else:
-                        chunk.id, chunk.created, chunk.model = head.id, head.created, head.model
-                    content = chunk.text
-                    if content and failed_at is not None:
-                        self.route.fallbacks[-1]["resume_s"] = round(time.perf_counter() - failed_at, 4)
-                        failed_at = None
-                    if content:
-                        delivered.append(content)
-                        part.chars += len(content)
-                        part.completion_tokens += 1
-                    if chunk.usage is not None:
-                        part.prompt_tokens = chunk.usage.prompt_tokens
-                        part.completion_tokens = chunk.usage.completion_tokens
-                    finished = any(c.finish_reason is not None for c in chunk.choices)
-                    if finished:
-                        part.ok, part.seconds = True, time.perf_counter() - started
-                        attempt.breaker.success()
-                        verdict = True
-                        chunk.usage = self._usage(chunk.usage)
-                        if self.finalize is not None:
-                            self.finalize(chunk, self.parts)
-                    elif len(self.parts) > 1 and not content and chunk.choices and chunk.choices[0].delta.role:
-                        continue  # a continuing backend's opening role chunk: the caller had one
-                    yield chunk
-                if verdict:
-                    return
-                raise BackendError(f"{attempt.backend.name} ended its stream without a finish reason")
+                    out = run.take(chunk)
+                    if out is not None:
+                        yield out
+                run.ended()
+                return
             except GeneratorExit:
                 raise
-            except BaseException as exc:  # noqa: BLE001 - classified below, re-raised if final
-                part.seconds = time.perf_counter() - started
-                if verdict:
-                    raise
-                attempt.breaker.failure()
-                verdict = True
-                if not isinstance(exc, Exception):
-                    raise
-                if not can_fall_back(exc, attempt.side) or (delivered and not self.mid_stream):
-                    _raise_typed(exc, attempt.label or attempt.backend.name)
-                last_error = exc
-                pending_from = (attempt, exc)
-                failed_at = time.perf_counter()
+            except BaseException as exc:  # noqa: BLE001 - classified in failed(), re-raised if final
+                run.failed(exc)
             finally:
-                if not verdict:
-                    attempt.breaker.release()
+                run.settle()
                 close = getattr(stream, "close", None)
                 if close is not None:
                     close()
-        if last_error is not None:
-            failed = pending_from[0] if pending_from is not None else self.attempts[-1]
-            _raise_typed(last_error, failed.label or failed.backend.name)
-        raise BackendUnavailableError(
-            "no backend could take the request: " + "; ".join(self.skipped or ["none configured"])
-        )
+        run.exhausted()
+
+    async def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
+        run = _Failover(self)
+        for attempt in self.attempts:
+            request = run.begin(attempt)
+            if request is None:
+                continue
+            stream: Any = None
+            try:
+                stream = attempt.backend.astream(request)
+                async for chunk in stream:
+                    out = run.take(chunk)
+                    if out is not None:
+                        yield out
+                run.ended()
+                return
+            except GeneratorExit:
+                raise
+            except BaseException as exc:  # noqa: BLE001 - classified in failed(), re-raised if final
+                run.failed(exc)
+            finally:
+                run.settle()
+                aclose = getattr(stream, "aclose", None)
+                if aclose is not None:
+                    await aclose()
+        run.exhausted()
+
+    def snapshot(self) -> RouteInfo:
+        """The route as it stands now, as a copy no later switch will change."""
+        return self.route.model_copy(update={"fallbacks": [dict(f) for f in self.route.fallbacks]})
 
     def _record(self, failed: Attempt, nxt: Attempt, exc: BaseException, at_chars: int) -> None:
         cause = cause_of(exc, failed.side)
@@ -318,3 +292,120 @@ class FailoverStream:
         prompt = (self.parts[0].prompt_tokens or max(0, self.parts[-1].prompt_tokens - earlier)) if self.parts else 0
         completion = sum(p.completion_tokens for p in self.parts)
         return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+
+class _Failover:
+    """The decisions of one :class:`FailoverStream` run, without I/O: which attempt starts with
+    which request, what each chunk becomes, and what a failure means. The sync and async loops
+    of :class:`FailoverStream` call these in the same order."""
+
+    def __init__(self, owner: FailoverStream) -> None:
+        self.owner = owner
+        self.delivered: list[str] = []
+        self.head: ChatCompletionChunk | None = None  # id/created/model of the caller's stream
+        self.last_error: BaseException | None = None
+        self.pending_from: tuple[Attempt, BaseException] | None = None
+        self.failed_at: float | None = None  # when the last failure was seen (for ``resume_s``)
+        self.attempt: Attempt | None = None
+        self.part: Part | None = None
+        self.started = 0.0
+        self.verdict = False
+        self._snapshot: RouteInfo | None = None
+
+    def begin(self, attempt: Attempt) -> ChatRequest | None:
+        """The request ``attempt`` should run, or None when its circuit is open."""
+        owner = self.owner
+        if not attempt.breaker.allow():
+            owner.skipped.append(f"{attempt.label or attempt.side}: circuit open")
+            return None
+        if self.pending_from is not None:
+            owner._record(self.pending_from[0], attempt, self.pending_from[1], len("".join(self.delivered)))
+            self.pending_from = None
+        text = "".join(self.delivered)
+        owner.route.target, owner.route.backend = attempt.side, attempt.backend.name
+        self._snapshot = None
+        self.attempt, self.verdict = attempt, False
+        self.part = Part(attempt.side, attempt.backend.name)
+        owner.parts.append(self.part)
+        self.started = time.perf_counter()
+        return owner._continuation(text) if text else owner.request
+
+    def _route(self) -> RouteInfo:
+        if self._snapshot is None:
+            self._snapshot = self.owner.snapshot()
+        return self._snapshot
+
+    def take(self, chunk: ChatCompletionChunk) -> ChatCompletionChunk | None:
+        """What the caller gets for ``chunk`` (None: drop it)."""
+        owner, part, attempt = self.owner, self.part, self.attempt
+        assert part is not None and attempt is not None
+        if self.head is None:
+            self.head = chunk
+        else:
+            chunk.id, chunk.created, chunk.model = self.head.id, self.head.created, self.head.model
+        content = chunk.text
+        if content and self.failed_at is not None:
+            owner.route.fallbacks[-1]["resume_s"] = round(time.perf_counter() - self.failed_at, 4)
+            self._snapshot = None
+            self.failed_at = None
+        if content:
+            self.delivered.append(content)
+            part.chars += len(content)
+            part.completion_tokens += 1
+        if chunk.usage is not None:
+            part.prompt_tokens = chunk.usage.prompt_tokens
+            part.completion_tokens = chunk.usage.completion_tokens
+        if any(c.finish_reason is not None for c in chunk.choices):
+            part.ok, part.seconds = True, time.perf_counter() - self.started
+            attempt.breaker.success()
+            self.verdict = True
+            chunk.usage = owner._usage(chunk.usage)
+            chunk.route = owner.snapshot()
+            if owner.finalize is not None:
+                owner.finalize(chunk, owner.parts)
+            return chunk
+        if len(owner.parts) > 1 and not content and chunk.choices and chunk.choices[0].delta.role:
+            return None  # a continuing backend's opening role chunk: the caller had one
+        chunk.route = self._route()
+        return chunk
+
+    def ended(self) -> None:
+        """The backend's stream ended: fine after a finish chunk, a failure otherwise."""
+        if not self.verdict:
+            assert self.attempt is not None
+            raise BackendError(
+                f"{self.attempt.backend.name} ended its stream without a finish reason", cause="disconnected"
+            )
+
+    def failed(self, exc: BaseException) -> None:
+        """Classify a failure of the current attempt; raises when no other backend may take over."""
+        attempt, part = self.attempt, self.part
+        assert attempt is not None and part is not None
+        part.seconds = time.perf_counter() - self.started
+        if self.verdict:
+            raise exc
+        attempt.breaker.failure()
+        self.verdict = True
+        if not isinstance(exc, Exception):
+            raise exc
+        if not can_fall_back(exc, attempt.side) or (self.delivered and not self.owner.mid_stream):
+            _raise_typed(exc, attempt.label or attempt.backend.name, attempt.side)
+        self.last_error = exc
+        self.pending_from = (attempt, exc)
+        self.failed_at = time.perf_counter()
+
+    def settle(self) -> None:
+        """Give back a half-open trial that ended without a verdict (the caller stopped reading)."""
+        if not self.verdict and self.attempt is not None:
+            self.attempt.breaker.release()
+
+    def exhausted(self) -> NoReturn:
+        """Every attempt failed or was skipped."""
+        owner = self.owner
+        if self.last_error is not None:
+            failed = self.pending_from[0] if self.pending_from is not None else owner.attempts[-1]
+            _raise_typed(self.last_error, failed.label or failed.backend.name, failed.side)
+        raise BackendUnavailableError(
+            "no backend could take the request: " + "; ".join(owner.skipped or ["none configured"]),
+            cause="circuit_open" if owner.skipped else "unknown",
+        )

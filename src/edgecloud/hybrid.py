@@ -10,7 +10,9 @@ answers one validated request the way the client promises:
    the reason says so.
 3. **Cascade** (middle band of the score): the edge answers first, off-stream; the
    confidence check (:mod:`edgecloud.router.cascade`) either accepts it (it is replayed to the
-   caller) or escalates to the cloud (``route.fallbacks`` records ``low_confidence``).
+   caller) or escalates to the cloud (``route.fallbacks`` records ``low_confidence``). Token
+   logprobs are one of its signals where the edge runtime gives them
+   (``Backend.supports_logprobs``); elsewhere the check fitted without them judges.
 4. **Failover** (:class:`~edgecloud.fallback.FailoverStream`): the chosen side first, then
    the other cloud URLs (in order or round-robin), then the other side — unless privacy keeps
    the request local or ``fallback.enabled`` is off. ``route="edge"|"cloud"`` says where to
@@ -22,6 +24,10 @@ answers one validated request the way the client promises:
 
 PII under ``pii="redact"``: the cloud sees placeholders and the caller the restored text
 (restored while streaming); the edge always sees the original conversation.
+
+``stream`` and ``astream`` are twins: the async path calls each backend's ``astream`` (the HTTP
+cloud client natively, without a thread; a synchronous edge runtime on the bounded worker pool
+of :mod:`edgecloud.backend`), and shares every decision with the sync path.
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any, ClassVar, Literal
 
 from .backend import Backend
@@ -81,8 +87,11 @@ class _Redacted(Backend):
     def __init__(self, inner: Backend, redaction: Redaction, messages: list[dict[str, str]]) -> None:
         self.inner, self.redaction, self.messages = inner, redaction, messages
         self.name = inner.name  # type: ignore[misc]
+        self.model_name, self.n_ctx, self.base_url = inner.model_name, inner.n_ctx, inner.base_url
+        self.supports_logprobs = inner.supports_logprobs  # type: ignore[misc]
+        self.supports_continuation = inner.supports_continuation  # type: ignore[misc]
 
-    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
+    def _redacted(self, request: ChatRequest) -> ChatRequest:
         redacted = [ChatMessage(role=m["role"], content=m["content"]) for m in self.messages]
         extra = request.messages[len(self.messages):]  # a partial answer being continued
         if extra:
@@ -92,14 +101,26 @@ class _Redacted(Backend):
                 for value, placeholder in originals.items():
                     text = text.replace(value, placeholder)
                 redacted.append(ChatMessage(role=message.role, content=text))
+        return request.model_copy(update={"messages": redacted})
+
+    @staticmethod
+    def _restore(chunk: ChatCompletionChunk, restore: StreamingRestore) -> ChatCompletionChunk:
+        for choice in chunk.choices:
+            if choice.delta.content:
+                choice.delta.content = restore.push(choice.delta.content)
+            if choice.finish_reason is not None:
+                choice.delta.content = (choice.delta.content or "") + restore.flush()
+        return chunk
+
+    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
         restore = StreamingRestore(self.redaction)
-        for chunk in self.inner.stream(request.model_copy(update={"messages": redacted})):
-            for choice in chunk.choices:
-                if choice.delta.content:
-                    choice.delta.content = restore.push(choice.delta.content)
-                if choice.finish_reason is not None:
-                    choice.delta.content = (choice.delta.content or "") + restore.flush()
-            yield chunk
+        for chunk in self.inner.stream(self._redacted(request)):
+            yield self._restore(chunk, restore)
+
+    async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
+        restore = StreamingRestore(self.redaction)
+        async for chunk in self.inner.astream(self._redacted(request)):
+            yield self._restore(chunk, restore)
 
 
 class Hybrid(Backend):
@@ -133,7 +154,7 @@ class Hybrid(Backend):
             self.clouds = [self._cloud_backend(url) for url in settings.cloud_base_url]
         breaker = {"failure_threshold": fb.failure_threshold, "cooldown_s": fb.cooldown_s}
         self.edge_breaker = CircuitBreaker("edge", **breaker)
-        self.cloud_breakers = [CircuitBreaker(getattr(c, "base_url", f"cloud{i}"), **breaker)
+        self.cloud_breakers = [CircuitBreaker(c.base_url or f"cloud{i}", **breaker)
                                for i, c in enumerate(self.clouds)]
         if policy is None:
             r = settings.router
@@ -173,7 +194,7 @@ class Hybrid(Backend):
         return self._edge
 
     def _cloud_attempts(self) -> list[Attempt]:
-        attempts = [Attempt("cloud", c, b, getattr(c, "base_url", c.name)) for c, b in zip(self.clouds, self.cloud_breakers)]
+        attempts = [Attempt("cloud", c, b, c.base_url or c.name) for c, b in zip(self.clouds, self.cloud_breakers)]
         if self.settings.fallback.cloud_order == "round_robin" and attempts:
             start = next(self._round_robin) % len(attempts)
             attempts = attempts[start:] + attempts[:start]
@@ -208,17 +229,17 @@ class Hybrid(Backend):
         if any(b.available() for b in self.cloud_breakers):
             available.append("cloud")
         edge = self._edge
-        if edge is not None and self.policy.edge_max_context is None and getattr(edge, "n_ctx", None):
+        if edge is not None and self.policy.edge_max_context is None and edge.n_ctx:
             self.policy.edge_max_context = edge.n_ctx  # known once the edge model is loaded
         if not self.clouds:
             decision = self.policy.decide(request, available=["edge"])
             if not decision.local_only and not decision.pinned:
-                decision.reason = "edge only: no cloud endpoint configured"
+                decision.reason, decision.kind = "edge only: no cloud endpoint configured", "only_side"
             return decision
         if not self._edge_configured:
             decision = self.policy.decide(request, available=["cloud"])
             if not decision.pinned:
-                decision.reason = "cloud only: no edge model configured"
+                decision.reason, decision.kind = "cloud only: no edge model configured", "only_side"
             return decision
         return self.policy.decide(request, available=available or ["edge", "cloud"])
 
@@ -238,92 +259,63 @@ class Hybrid(Backend):
     # ------------------------------------------------------------------ the request
 
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        self.check(request)
-        started = time.perf_counter()
-        decision = self.decide(request)
-        route = RouteInfo(target=decision.target, backend="", reason=decision.reason, score=decision.score)
-        self.metrics.route(decision.target, _reason_kind(decision))
-        model = self._edge_name() if decision.target == "edge" else (self.settings.cloud_model or "cloud")
-        with chat_span(request_model=model, request=request, tracer_provider=self.tracer_provider) as span:
-            span.set_route(decision.target, "", decision.reason, decision.score)
-            parts: list[Part] = []
-            first_token: list[float] = []
-            final: list[ChatCompletionChunk] = []
-
-            def on_fallback(from_: str, to: str, cause: str, at_chars: int) -> None:
-                self.metrics.fallback(from_, to, cause)
-                span.add_fallback(from_, to, cause, at_chars)
-
-            def finalize(chunk: ChatCompletionChunk, done: list[Part]) -> None:
-                parts[:] = done
-                chunk.cost = self._cost(parts, chunk.usage)
-                final.append(chunk)
-
-            attempts = self._attempts(decision, request)
-            ok = cancelled = False
+        run = _Run(self, request)
+        with run.span() as span:
+            run.attach(span)
             try:
-                if decision.cascade and self.settings.router.cascade and decision.target == "edge" and len(attempts) > 1:
-                    chunks: Iterator[ChatCompletionChunk] = self._cascade(request, route, attempts, on_fallback,
-                                                                          finalize, parts)
-                else:
-                    chunks = iter(FailoverStream(attempts, request, route, self.settings.fallback.mid_stream,
-                                                 on_fallback, finalize))
-                for chunk in chunks:
-                    if not first_token and chunk.text:
-                        first_token.append(time.perf_counter() - started)
-                        span.ttft(first_token[0])
-                    yield chunk
-                ok = True
+                for chunk in run.chunks_sync():
+                    yield run.seen(chunk)
+                run.ok = True
             except GeneratorExit:  # the caller closed the stream early
-                cancelled = True
+                run.cancelled = True
                 raise
             finally:
-                last = final[-1] if final else None
-                cost = last.cost if last is not None else self._cost(parts)
-                self.metrics.request(route.target, ttft=first_token[0] if first_token else None,
-                                     e2e=time.perf_counter() - started, usage=last.usage if last else None,
-                                     cost=cost, ok=ok, cancelled=cancelled)
-                if ok and cost is not None:
-                    self.totals.add(cost, route.target, fallbacks=len(route.fallbacks))
-                if last is not None:
-                    finish = last.choices[0].finish_reason if last.choices else None
-                    span.set_route(route.target, route.backend, route.reason, route.score)
-                    span.set_response(model=last.model, response_id=last.id, finish_reason=finish,
-                                      usage=last.usage, cost=cost)
+                run.end()
 
-    def _cascade(self, request: ChatRequest, route: RouteInfo, attempts: list[Attempt], on_fallback: Any,
-                 finalize: Any, parts: list[Part]) -> Iterator[ChatCompletionChunk]:
-        """Edge first, off-stream; replay it if the confidence check accepts it, else ask the cloud."""
-        probe = request.model_copy(update={"logprobs": True}) if not request.logprobs else request
-        first = FailoverStream(attempts, probe, route, self.settings.fallback.mid_stream, on_fallback, finalize)
-        buffered = list(first)
+    async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
+        run = _Run(self, request)
+        with run.span() as span:
+            run.attach(span)
+            try:
+                async for chunk in run.chunks_async():
+                    yield run.seen(chunk)
+                run.ok = True
+            except GeneratorExit:  # the caller closed the stream early
+                run.cancelled = True
+                raise
+            finally:
+                run.end()
+
+    def _judge(self, request: ChatRequest, route: RouteInfo, attempts: list[Attempt], first: FailoverStream,
+               buffered: list[ChatCompletionChunk], on_fallback: Any, finalize: Any) -> FailoverStream | list[ChatCompletionChunk]:
+        """The cascade's verdict on a buffered edge answer: the chunks to replay, or the cloud stream."""
         answered_on = first.parts[-1].side if first.parts else "edge"
         if answered_on != "edge" or not buffered:
-            yield from buffered
-            return
+            return buffered
         answer = collect_chunks(buffered)
+        edge = next(a.backend for a in attempts if a.side == "edge")
         logprobs = [e.logprob for e in answer.choices[0].logprobs.content] if answer.choices[0].logprobs else []
         prompt = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
         sig = signals(prompt, answer.text, finish_reason=answer.choices[0].finish_reason, logprobs=logprobs,
                       route_score=route.score)
-        p_good = self.confidence.p_good(sig)
-        if p_good >= self.confidence.threshold:
+        check = self.confidence.for_backend(edge.supports_logprobs)
+        p_good = check.p_good(sig)
+        if p_good >= check.threshold:
             route.reason += f"; edge answer accepted (confidence {p_good:.2f})"
-            for chunk in buffered:
-                if not request.logprobs:
+            if not request.logprobs:
+                for chunk in buffered:
                     for choice in chunk.choices:
                         choice.logprobs = None
-                yield chunk
-            return
+            buffered[-1].route = first.snapshot()  # the final chunk carries the complete route
+            return buffered
         clouds = [a for a in attempts if a.side == "cloud"]
         route.fallbacks.append({"from": "edge", "to": "cloud", "cause": "low_confidence",
-                                "error": f"edge answer confidence {p_good:.2f} < {self.confidence.threshold}",
+                                "error": f"edge answer confidence {p_good:.2f} < {check.threshold}",
                                 "at_chars": 0})
         on_fallback("edge", "cloud", "low_confidence", 0)
         final_parts = list(first.parts)
-        second = FailoverStream(clouds, request, route, self.settings.fallback.mid_stream, on_fallback,
-                                lambda chunk, done: finalize(chunk, final_parts + done))
-        yield from second
+        return FailoverStream(clouds, request, route, self.settings.fallback.mid_stream, on_fallback,
+                              lambda chunk, done: finalize(chunk, final_parts + done))
 
     # ------------------------------------------------------------------ accounting
 
@@ -356,20 +348,111 @@ class Hybrid(Backend):
             for cloud in self.clouds:
                 cloud.close()
 
+    async def aclose(self) -> None:
+        """Async twin of :meth:`close`: closes the cloud clients' async connections too."""
+        if self._edge is not None and self._owns_edge:
+            await self._edge.aclose()
+        if self._owns_clouds:
+            for cloud in self.clouds:
+                await cloud.aclose()
 
-def _reason_kind(decision: RouteDecision) -> str:
-    reason = decision.reason
-    if decision.local_only:
-        return "pii" if reason.startswith("PII") else "privacy"
-    if decision.pinned:
-        return "pinned"
-    if reason.startswith(("edge only", "cloud only")):
-        return "only_side"
-    if "unavailable" in reason:
-        return "unavailable"
-    if reason.startswith("prompt + max_tokens"):
-        return "context"
-    return "cascade" if decision.cascade else "score"
+
+class _Run:
+    """One request through :class:`Hybrid`: route, the chunk sources, metrics, cost and span.
+
+    Everything but the iteration itself, so that ``Hybrid.stream`` and ``Hybrid.astream`` differ
+    only in ``for`` / ``async for``.
+    """
+
+    def __init__(self, hybrid: Hybrid, request: ChatRequest) -> None:
+        hybrid.check(request)
+        self.hybrid, self.request = hybrid, request
+        self.started = time.perf_counter()
+        self.decision = decision = hybrid.decide(request)
+        self.route = RouteInfo(target=decision.target, backend="", reason=decision.reason, score=decision.score)
+        hybrid.metrics.route(decision.target, decision.kind)
+        self.model = hybrid._edge_name() if decision.target == "edge" else (hybrid.settings.cloud_model or "cloud")
+        self.parts: list[Part] = []
+        self.first_token: float | None = None
+        self.final: ChatCompletionChunk | None = None
+        self.ok = self.cancelled = False
+        self._span: Any = None
+        self.attempts = hybrid._attempts(decision, request)
+        settings = hybrid.settings
+        self.cascade = (decision.cascade and settings.router.cascade and decision.target == "edge"
+                        and len(self.attempts) > 1)
+
+    def span(self) -> Any:
+        """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""
+        return chat_span(request_model=self.model, request=self.request, tracer_provider=self.hybrid.tracer_provider)
+
+    def attach(self, span: Any) -> None:
+        self._span = span
+        span.set_route(self.decision.target, "", self.decision.reason, self.decision.score)
+
+    def on_fallback(self, from_: str, to: str, cause: str, at_chars: int) -> None:
+        self.hybrid.metrics.fallback(from_, to, cause)
+        self._span.add_fallback(from_, to, cause, at_chars)
+
+    def finalize(self, chunk: ChatCompletionChunk, done: list[Part]) -> None:
+        self.parts[:] = done
+        chunk.cost = self.hybrid._cost(self.parts, chunk.usage)
+        self.final = chunk
+
+    def _stream(self, attempts: list[Attempt], request: ChatRequest) -> FailoverStream:
+        return FailoverStream(attempts, request, self.route, self.hybrid.settings.fallback.mid_stream,
+                              self.on_fallback, self.finalize)
+
+    def _probe(self) -> ChatRequest:
+        """The cascade's edge request: with logprobs when the edge runtime gives them (a signal)."""
+        edge = next(a.backend for a in self.attempts if a.side == "edge")
+        if self.request.logprobs or not edge.supports_logprobs:
+            return self.request
+        return self.request.model_copy(update={"logprobs": True})
+
+    def chunks_sync(self) -> Iterable[ChatCompletionChunk]:
+        if not self.cascade:
+            yield from self._stream(self.attempts, self.request)
+            return
+        first = self._stream(self.attempts, self._probe())
+        verdict = self.hybrid._judge(self.request, self.route, self.attempts, first, list(first),
+                                     self.on_fallback, self.finalize)
+        yield from verdict
+
+    async def chunks_async(self) -> AsyncIterator[ChatCompletionChunk]:
+        if not self.cascade:
+            async for chunk in self._stream(self.attempts, self.request):
+                yield chunk
+            return
+        first = self._stream(self.attempts, self._probe())
+        buffered = [chunk async for chunk in first]
+        verdict = self.hybrid._judge(self.request, self.route, self.attempts, first, buffered,
+                                     self.on_fallback, self.finalize)
+        if isinstance(verdict, FailoverStream):
+            async for chunk in verdict:
+                yield chunk
+        else:
+            for chunk in verdict:
+                yield chunk
+
+    def seen(self, chunk: ChatCompletionChunk) -> ChatCompletionChunk:
+        if self.first_token is None and chunk.text:
+            self.first_token = time.perf_counter() - self.started
+            self._span.ttft(self.first_token)
+        return chunk
+
+    def end(self) -> None:
+        hybrid, route, last = self.hybrid, self.route, self.final
+        cost = last.cost if last is not None else hybrid._cost(self.parts)
+        hybrid.metrics.request(route.target, ttft=self.first_token, e2e=time.perf_counter() - self.started,
+                               usage=last.usage if last else None, cost=cost, ok=self.ok, cancelled=self.cancelled)
+        if self.ok and cost is not None:
+            hybrid.totals.add(cost, route.target, fallbacks=len(route.fallbacks))
+        if last is not None:
+            finish = last.choices[0].finish_reason if last.choices else None
+            self._span.set_route(route.target, route.backend, route.reason, route.score)
+            self._span.set_response(model=last.model, response_id=last.id, finish_reason=finish,
+                                    usage=last.usage, cost=cost)
 
 
 def settings_from(config: Any = None, **overrides: Any) -> EdgeCloudSettings:

@@ -12,9 +12,9 @@ gguf_quants = pytest.importorskip("gguf.quants")
 
 from gguf import GGMLQuantizationType
 
-from edgecloud.cloud.engine import dequant
-from edgecloud.cloud.engine.dequant import DEQUANTIZERS, dequantize
-from edgecloud.cloud.engine.weights import GGUFFile
+from edgecloud.engine import dequant
+from edgecloud.engine.dequant import DEQUANTIZERS, dequantize
+from edgecloud.engine.weights import GGUFFile
 
 ROWS = 48  # rows per real-tensor slice: enough for several chunks once CHUNK_ELEMENTS is shrunk
 

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 llama_cpp = pytest.importorskip("llama_cpp")
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, generate
+from edgecloud.engine import Tokenizer, Transformer, generate
 from edgecloud.errors import ContextOverflowError
 
 N_NEW = 24

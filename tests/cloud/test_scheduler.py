@@ -15,7 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, generate, packing_supported
+from edgecloud.engine import Tokenizer, Transformer, generate, packing_supported
 from edgecloud.cloud.scheduler import SamplingParams, Scheduler
 from edgecloud.errors import ContextOverflowError, RateLimitedError
 from edgecloud.observability import ServerMetrics

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 scipy_stats = pytest.importorskip("scipy.stats")
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, generate
+from edgecloud.engine import Tokenizer, Transformer, generate
 from edgecloud.cloud.scheduler import SamplingParams, Scheduler
 from edgecloud.cloud.speculative import (
     DraftRequest,

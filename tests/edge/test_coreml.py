@@ -17,8 +17,8 @@ pytest.importorskip("coremltools")
 
 import torch
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, generate
-from edgecloud.edge.chunks import AnswerChunks
+from edgecloud.engine import Tokenizer, Transformer, generate
+from edgecloud.runtime.chunks import AnswerChunks
 from edgecloud.edge.coreml import CoreMLBackend, Step, coreml_unavailable_reason, stream_answer
 from edgecloud.errors import BackendUnavailableError
 from edgecloud.quant.export_coreml import StatefulDecoder, causal_mask, trace_decoder

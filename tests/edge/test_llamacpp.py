@@ -18,8 +18,8 @@ import pytest
 pytest.importorskip("llama_cpp")
 
 from edgecloud.edge.llamacpp import LlamaCppBackend
-from edgecloud.edge.prefix_cache import PrefixCache, SavedPrefix
-from edgecloud.edge.text_stream import TextStream
+from edgecloud.runtime.prefix_cache import PrefixCache, SavedPrefix
+from edgecloud.runtime.text_stream import TextStream
 from edgecloud.errors import BackendUnavailableError, ContextOverflowError, ModelIntegrityError, ModelNotFoundError
 from edgecloud.types import ChatCompletionChunk, ChatRequest
 
@@ -209,8 +209,8 @@ def test_llama_cpp_warnings_reach_stderr_only_when_verbose(model_path: Path, cap
     # A vocabulary-only load (the torch engine's tokenizer) makes llama.cpp warn about its
     # context; llama-cpp-python's own callback printed that warning despite verbose=False.
     pytest.importorskip("torch")
-    from edgecloud.cloud.engine import Tokenizer
-    from edgecloud.edge.llamacpp_runtime import import_llama_cpp
+    from edgecloud.engine import Tokenizer
+    from edgecloud.runtime.llama_cpp import import_llama_cpp
 
     Tokenizer(model_path).close()
     assert capfd.readouterr().err == ""

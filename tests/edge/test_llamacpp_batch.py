@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from edgecloud.edge.llamacpp import LlamaCppBackend
-from edgecloud.edge.llamacpp_batch import BatchedGreedy, BatchJob
+from edgecloud.runtime.llamacpp_batch import BatchedGreedy, BatchJob
 from edgecloud.errors import ContextOverflowError, InvalidRequestError
 from edgecloud.router.label import label_side
 from edgecloud.router.tasks import Task

@@ -65,7 +65,7 @@ def test_prompt_tokens_match_the_llama_cpp_backend(backend: OnnxBackend, smollm2
 
 
 def test_every_token_renders_the_bytes_llama_cpp_renders(backend: OnnxBackend, llama: object) -> None:
-    from edgecloud.edge.llamacpp import token_piece
+    from edgecloud.runtime.llama_cpp import token_piece
 
     import llama_cpp
 

@@ -21,7 +21,7 @@ pytest.importorskip("llama_cpp")
 
 from cloud.test_engine import _check_parity  # the engine's llama.cpp parity check, reused
 
-from edgecloud.cloud.engine import generate
+from edgecloud.engine import generate
 from edgecloud.edge.op_fallback import CpuFallback, DeviceCaps, device_caps
 from edgecloud.edge.torch import TorchBackend
 from edgecloud.errors import BackendError, ConfigError, ContextOverflowError, InvalidRequestError

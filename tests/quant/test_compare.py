@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn
 
-from edgecloud.cloud.engine import Tokenizer, Transformer
+from edgecloud.engine import Tokenizer, Transformer
 from edgecloud.errors import ConfigError, InvalidRequestError
 from edgecloud.quant import (
     QUANT_CONFIG_FORMAT,

@@ -20,7 +20,7 @@ pytest.importorskip("coremltools")
 
 import torch
 
-from edgecloud.cloud.engine import GGUFFile, Tokenizer, Transformer
+from edgecloud.engine import GGUFFile, Tokenizer, Transformer
 from edgecloud.errors import InvalidRequestError, ModelNotFoundError
 from edgecloud.store import home_dir
 from edgecloud.quant.export_coreml import (

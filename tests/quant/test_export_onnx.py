@@ -58,7 +58,7 @@ def test_checkpoint_scores_like_the_engine(smollm2_path: Path, tmp_path: Path) -
     """The Hugging Face checkpoint, run by transformers, gives the torch engine's logits for the same GGUF."""
     from transformers import AutoModelForCausalLM
 
-    from edgecloud.cloud.engine import GGUFFile, Tokenizer, Transformer
+    from edgecloud.engine import GGUFFile, Tokenizer, Transformer
 
     config = write_hf_checkpoint(smollm2_path, tmp_path)
     gguf = GGUFFile(smollm2_path)
@@ -81,8 +81,8 @@ def test_end_of_generation_ids_without_llama_cpp_are_llama_cpp_ids(
     smollm2_path: Path, smollm2_onnx: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The metadata + token-text rule used when llama.cpp is not installed gives llama.cpp's own ids."""
-    import edgecloud.cloud.engine as engine
-    from edgecloud.edge.gguf_info import read_gguf_header
+    import edgecloud.engine as engine
+    from edgecloud.runtime.gguf import read_gguf_header
     from tokenizers import Tokenizer
 
     metadata = read_gguf_header(smollm2_path).metadata

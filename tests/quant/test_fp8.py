@@ -12,7 +12,7 @@ torch = pytest.importorskip("torch")
 
 from torch import nn
 
-from edgecloud.cloud.engine import Tokenizer, Transformer, generate
+from edgecloud.engine import Tokenizer, Transformer, generate
 from edgecloud.errors import InvalidRequestError
 from edgecloud.quant import (
     FP8_MAX,

@@ -37,7 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from .. import __version__, store
+from .. import store
+from .._version import __version__
 from ..client import EdgeCloud
 from ..edge.memory import plan as plan_memory
 from ..errors import BackendUnavailableError, EdgeCloudError, InvalidRequestError

@@ -221,7 +221,8 @@ def cascade_command(
     import json
 
     from ..router import evaluate as ev
-    from ..router.cascade_fit import ablation, evaluate_cascade, row_signals
+    from ..router.cascade import SIGNAL_NAMES
+    from ..router.cascade_fit import GROUPS, ablation, evaluate_cascade, row_signals
     from ..router.scorers import LearnedScorer, out_of_fold_scores
 
     rows = ev.load_outcomes(data)
@@ -239,6 +240,13 @@ def cascade_command(
     result = evaluate_cascade(train, test, train_signals, test_signals, train_scores, test_scores, target=target,
                               max_cloud=max_cloud, edge_below=scorer.bands[0], cloud_above=scorer.bands[1])
     check = result.pop("check")
+    # the same check without the logprob signals, for edge runtimes that give none (torch, Core ML)
+    no_logprobs = [n for n in SIGNAL_NAMES if n not in GROUPS["logprob"]]
+    plain = evaluate_cascade(train, test, train_signals, test_signals, train_scores, test_scores, target=target,
+                             max_cloud=max_cloud, edge_below=scorer.bands[0], cloud_above=scorer.bands[1],
+                             use=no_logprobs)
+    check.without_logprobs = plain.pop("check")
+    result["without_logprobs"] = {name: plain[name] for name in ("cascade_all", "banded")}
     result["ablation"] = ablation(train, test, train_signals, test_signals, target=target, max_cloud=max_cloud)
     result.update(scorer=scorer.name, bands=list(scorer.bands), n_train=len(train), n_test=len(test), target=target,
                   max_cloud=max_cloud)

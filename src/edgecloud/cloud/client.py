@@ -15,8 +15,9 @@ Rules:
   the stream collected, so both share retries and error mapping. Only the fields the caller
   set are sent; edgecloud's extensions (``route``, ``privacy``) never are, and ``model`` is
   always the backend's own (``request.model`` is ignored, as by every Backend).
-* Retries: connect errors, connections dropped before any answer (a stale keep-alive), 429
-  and 503 are retried up to ``max_retries`` times, waiting the server's ``Retry-After`` (seconds or HTTP-date; OpenAI's ``retry-after-ms`` first) when it
+* Retries: connect errors, connections dropped before any answer (a stale keep-alive), 429,
+  502, 503 and 504 are retried up to ``max_retries`` times (a 500 is not: a server bug answers
+  the same again), waiting the server's ``Retry-After`` (seconds or HTTP-date; OpenAI's ``retry-after-ms`` first) when it
   sends one, else ``backoff * 2**attempt`` with ±50 % jitter. A hint longer than
   ``max_retry_wait`` is not waited out: the error is raised at once so a fallback can go
   elsewhere. Nothing is retried once the status line was 2xx: text may have been delivered.
@@ -25,7 +26,8 @@ Rules:
   outside edgecloud's set (``tool_calls``, ``content_filter``) are reported as ``stop``.
   Closing the iterator closes the HTTP response, so the server stops generating.
 
-Errors (the server's own message is always part of the raised one):
+Errors (the server's own message is always part of the raised one; ``cause`` is the typed
+reason fallback and metrics read):
 
 ================================================  ===================================
 answer                                             raised
@@ -36,25 +38,27 @@ answer                                             raised
 401, 403                                           AuthenticationError
 404                                                ModelNotFoundError
 429 (after retries)                                RateLimitedError (``retry_after``)
-502, 503 (after retries), 504                      BackendUnavailableError
-500, other 5xx                                     BackendError
-connect error / connect timeout (after retries)    BackendUnavailableError
-read timeout, broken or malformed stream           BackendError
+502, 503, 504 (after retries)                      BackendUnavailableError, server_error
+500, other 5xx                                     BackendError, server_error
+connect error / connect timeout (after retries)    BackendUnavailableError, connect
+dropped before any answer (after retries)          BackendUnavailableError, disconnected
+read timeout (before or during the stream)         BackendError, timeout
+stream cut off, or ended without a finish          BackendError, disconnected
+bytes that are not SSE JSON chunks                 BackendError, malformed_stream
 ``{"error": ...}`` event inside the stream         as its ``code``/``type`` says, else
-                                                   BackendError
+                                                   BackendError, server_error
 ================================================  ===================================
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
-import random
 import re
 import time
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import urlsplit
@@ -63,6 +67,14 @@ import httpx
 from pydantic import ValidationError
 
 from ..backend import Backend
+from .retry import (
+    DEFAULT_BACKOFF_S,
+    DEFAULT_MAX_RETRIES,
+    DEFAULT_MAX_RETRY_WAIT,
+    RETRYABLE_STATUS,
+    Failure as _Failure,
+    RetryPolicy,
+)
 from ..errors import (
     AuthenticationError,
     BackendError,
@@ -88,12 +100,8 @@ from ..types import (
 if TYPE_CHECKING:
     from typing_extensions import Self
 
-__all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend"]
+__all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend", "RetryPolicy"]
 
-#: Longest ``Retry-After`` hint waited out before retrying (longer hints raise at once).
-DEFAULT_MAX_RETRY_WAIT = 30.0
-
-_RETRYABLE_STATUS = frozenset({429, 503})
 _FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error"})
 # Set on the request by the sender, never copied from the caller's request.
 _NOT_FORWARDED = {"route", "privacy", "model", "stream", "stream_options"}
@@ -188,8 +196,8 @@ def _translate(status: int, message: str, param: Any, code: Any, said: str, retr
     if 400 <= status < 500:
         return InvalidRequestError(said, param=param if isinstance(param, str) else None)
     if status in (502, 503, 504):
-        return BackendUnavailableError(said)
-    return BackendError(said)
+        return BackendUnavailableError(said, cause="server_error")
+    return BackendError(said, cause="server_error")
 
 
 def _usage(raw: dict[str, Any]) -> dict[str, int]:
@@ -263,7 +271,8 @@ class _EventReader:
         if self._held is None:
             raise BackendError(
                 f"the stream from {self.where} ended after {self.delivered} chunks without a finish "
-                "reason or [DONE]; the server stopped mid-answer"
+                "reason or [DONE]; the server stopped mid-answer",
+                cause="disconnected",
             )
         self.done = True
         return [*out, *self._final()]
@@ -279,9 +288,15 @@ class _EventReader:
         try:
             payload = json.loads(data)
         except ValueError as exc:
-            raise BackendError(f"{self.where} sent a malformed stream: an event is not JSON ({exc}): {data[:200]!r}") from exc
+            raise BackendError(
+                f"{self.where} sent a malformed stream: an event is not JSON ({exc}): {data[:200]!r}",
+                cause="malformed_stream",
+            ) from exc
         if not isinstance(payload, dict):
-            raise BackendError(f"{self.where} sent a malformed stream: an event is not a JSON object: {data[:200]!r}")
+            raise BackendError(
+                f"{self.where} sent a malformed stream: an event is not a JSON object: {data[:200]!r}",
+                cause="malformed_stream",
+            )
         if "error" in payload or event == "error":
             raise self._inband_error(payload, data)
         remote = payload.pop("route", None)
@@ -290,7 +305,8 @@ class _EventReader:
         except ValidationError as exc:
             raise BackendError(
                 f"{self.where} sent a malformed stream: an event is not a chat.completion.chunk "
-                f"({exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}): {data[:200]!r}"
+                f"({exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}): {data[:200]!r}",
+                cause="malformed_stream",
             ) from exc
         return self._accept(chunk, remote)
 
@@ -335,16 +351,6 @@ class _EventReader:
         return [final]
 
 
-@dataclass
-class _Failure:
-    """One failed attempt: the error to raise, and whether (and after how long) to retry."""
-
-    error: EdgeCloudError
-    retryable: bool = False
-    retry_after: float | None = None
-    cause: BaseException | None = None
-
-
 class CloudBackend(Backend):
     """Any OpenAI-compatible ``/chat/completions`` endpoint as a cloud Backend.
 
@@ -352,6 +358,11 @@ class CloudBackend(Backend):
     ``headers`` are added to every request. See the module docstring for the URL rule, the
     retry policy and the error mapping. Safe to share between threads; the async side
     belongs to one event loop (use ``async with`` or :meth:`aclose` in it).
+
+    The HTTP clients can be injected: ``transport`` / ``async_transport`` (an
+    ``httpx.MockTransport`` in tests, a proxy or custom TLS) go into the clients this backend
+    makes; ``http_client`` / ``async_http_client`` are used as given (their owner closes them;
+    this backend adds its headers and timeouts per request).
     """
 
     name: ClassVar[str] = "openai-http"
@@ -359,6 +370,8 @@ class CloudBackend(Backend):
     supports_logprobs: ClassVar[bool] = True
     supports_seed: ClassVar[bool] = True
     supports_stop: ClassVar[bool] = True
+    supports_continuation: ClassVar[bool] = True
+    native_async: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -368,10 +381,14 @@ class CloudBackend(Backend):
         api_key: str | None = None,
         connect_timeout: float = 5.0,
         read_timeout: float = 60.0,
-        max_retries: int = 2,
-        backoff: float = 0.5,
+        max_retries: int = DEFAULT_MAX_RETRIES,
+        backoff: float = DEFAULT_BACKOFF_S,
         headers: dict[str, str] | None = None,
         max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
+        transport: httpx.BaseTransport | None = None,
+        async_transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.Client | None = None,
+        async_http_client: httpx.AsyncClient | None = None,
     ) -> None:
         if not model:
             raise ConfigError("model must name the model the endpoint serves")
@@ -379,24 +396,46 @@ class CloudBackend(Backend):
             raise ConfigError(f"timeouts must be > 0 seconds, got connect={connect_timeout}, read={read_timeout}")
         if max_retries < 0 or backoff < 0 or max_retry_wait < 0:
             raise ConfigError("max_retries, backoff and max_retry_wait must be >= 0")
-        self.base_url = _api_root(base_url)
-        self.model = self.model_name = model
+        self._base_url = _api_root(base_url)
+        self.model = self._model_name = model
         self.connect_timeout, self.read_timeout = connect_timeout, read_timeout
-        self.max_retries, self.backoff, self.max_retry_wait = max_retries, backoff, max_retry_wait
-        self._chat_url = f"{self.base_url}/chat/completions"
+        self.retry = RetryPolicy(max_retries, backoff, max_retry_wait)
+        self._chat_url = f"{self._base_url}/chat/completions"
         sent = dict(headers or {})
         if api_key:
             sent["Authorization"] = f"Bearer {api_key}"
-        self._client_options: dict[str, Any] = {
-            "headers": sent,
-            "timeout": httpx.Timeout(read_timeout, connect=connect_timeout),
-        }
-        self._client = httpx.Client(**self._client_options)
-        self._async_client: httpx.AsyncClient | None = None
+        self._headers = sent
+        self._timeout = httpx.Timeout(read_timeout, connect=connect_timeout)
+        self._owns_client = http_client is None
+        self._owns_async_client = async_http_client is None
+        self._client = http_client or httpx.Client(headers=sent, timeout=self._timeout, transport=transport)
+        self._async_transport = async_transport
+        self._async_client: httpx.AsyncClient | None = async_http_client
         self._closed = False
         self._route = RouteInfo(
-            target="cloud", backend=self.name, reason=f"OpenAI-compatible endpoint {self.base_url} ({model})"
+            target="cloud", backend=self.name, reason=f"OpenAI-compatible endpoint {self._base_url} ({model})"
         )
+
+    @property
+    def model_name(self) -> str:
+        return self._model_name
+
+    @property
+    def base_url(self) -> str:
+        """The API root requests go to (``http://host:port/v1``)."""
+        return self._base_url
+
+    @property
+    def max_retries(self) -> int:
+        return self.retry.max_retries
+
+    @property
+    def backoff(self) -> float:
+        return self.retry.backoff
+
+    @property
+    def max_retry_wait(self) -> float:
+        return self.retry.max_wait
 
     def __repr__(self) -> str:
         return f"CloudBackend({self.base_url!r}, {self.model!r})"
@@ -415,22 +454,28 @@ class CloudBackend(Backend):
 
     def _reader(self) -> _EventReader:
         if self._closed:
-            raise BackendUnavailableError(f"this {self.name} backend ({self.base_url}) is closed; create a new one")
+            raise BackendUnavailableError(
+                f"this {self.name} backend ({self.base_url}) is closed; create a new one", cause="closed"
+            )
         return _EventReader(self._chat_url, self._route, self.model)
+
+    def _build(self, client: httpx.Client | httpx.AsyncClient, body: dict[str, Any]) -> httpx.Request:
+        headers = {**self._headers, **_STREAM_HEADERS}
+        return client.build_request("POST", self._chat_url, json=body, headers=headers, timeout=self._timeout)
 
     def _transport_failure(self, exc: httpx.TransportError, attempt: int, url: str) -> _Failure:
         tries = f" after {attempt + 1} attempts" if attempt else ""
         reason = str(exc) or type(exc).__name__
         if isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)):
             message = f"cannot connect to {url}{tries}: {reason}; is the server running and base_url right?"
-            return _Failure(BackendUnavailableError(message), retryable=True, cause=exc)
+            return _Failure(BackendUnavailableError(message, cause="connect"), retryable=True, cause=exc)
         if isinstance(exc, httpx.TimeoutException):
             message = f"{url} did not answer within {self.read_timeout:g} s (read_timeout): {reason}"
-            return _Failure(BackendError(message), cause=exc)
+            return _Failure(BackendError(message, cause="timeout"), cause=exc)
         # Dropped before any answer: most often a pooled keep-alive connection the server had
         # already closed; the request was not processed, so it is retried like a connect error.
         message = f"{url} dropped the connection before answering{tries}: {reason}"
-        return _Failure(BackendUnavailableError(message), retryable=True, cause=exc)
+        return _Failure(BackendUnavailableError(message, cause="disconnected"), retryable=True, cause=exc)
 
     def _status_failure(self, response: httpx.Response, attempt: int) -> _Failure:
         try:
@@ -446,52 +491,39 @@ class CloudBackend(Backend):
         tries = f" after {attempt + 1} attempts" if attempt else ""
         said = f"{response.request.url} answered {status}{tries}: {message}"
         error = _translate(status, message, param, code, said, retry_after)
-        return _Failure(error, retryable=status in _RETRYABLE_STATUS, retry_after=retry_after)
-
-    def _retry_wait(self, failure: _Failure, attempt: int) -> float | None:
-        """Seconds to wait before the next attempt, or None to raise now."""
-        if not failure.retryable or attempt >= self.max_retries:
-            return None
-        if failure.retry_after is not None:
-            return failure.retry_after if failure.retry_after <= self.max_retry_wait else None
-        return min(self.backoff * 2**attempt * random.uniform(0.5, 1.5), self.max_retry_wait)
+        return _Failure(error, retryable=status in RETRYABLE_STATUS, retry_after=retry_after)
 
     def _broken(self, exc: httpx.HTTPError, reader: _EventReader) -> BackendError:
         if isinstance(exc, httpx.TimeoutException):
             return BackendError(
                 f"{self._chat_url} sent nothing for {self.read_timeout:g} s (read_timeout) after "
-                f"{reader.delivered} chunks; the server is stuck or overloaded"
+                f"{reader.delivered} chunks; the server is stuck or overloaded",
+                cause="timeout",
             )
         return BackendError(
             f"the stream from {self._chat_url} broke after {reader.delivered} chunks: {exc or type(exc).__name__}; "
-            "not retried once the server has answered 200"
+            "not retried once the server has answered 200",
+            cause="disconnected",
         )
 
     # ------------------------------------------------------------------ sync
 
     def _post(self, body: dict[str, Any]) -> httpx.Response:
-        """POST the request, retrying as the policy allows; a 2xx response, still streaming."""
+        """POST the request, retrying as :attr:`retry` allows; a 2xx response, still streaming."""
         attempt = 0
         while True:
             try:
-                request = self._client.build_request("POST", self._chat_url, json=body, headers=_STREAM_HEADERS)
-                response = self._client.send(request, stream=True)
+                response = self._client.send(self._build(self._client, body), stream=True)
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc, attempt, self._chat_url)
             else:
                 if response.is_success:
                     return response
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     response.read()
-                except httpx.HTTPError:
-                    pass
-                finally:
-                    response.close()
+                response.close()
                 failure = self._status_failure(response, attempt)
-            wait = self._retry_wait(failure, attempt)
-            if wait is None:
-                raise failure.error from failure.cause
-            time.sleep(wait)
+            time.sleep(self.retry.wait(failure, attempt))
             attempt += 1
 
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
@@ -519,7 +551,7 @@ class CloudBackend(Backend):
         self._reader()  # raises when closed
         url = f"{self.base_url}/models"
         try:
-            response = self._client.get(url)
+            response = self._client.get(url, headers=self._headers, timeout=self._timeout)
         except httpx.TransportError as exc:
             raise self._transport_failure(exc, 0, url).error from exc
         if response.status_code == 404:
@@ -529,14 +561,17 @@ class CloudBackend(Backend):
         try:
             ids = [str(card.get("id")) for card in response.json().get("data", [])]
         except (ValueError, AttributeError, TypeError) as exc:
-            raise BackendError(f"{url} answered something that is not a model list: {response.text[:200]!r}") from exc
+            raise BackendError(
+                f"{url} answered something that is not a model list: {response.text[:200]!r}", cause="malformed_stream"
+            ) from exc
         if ids and self.model not in ids:
             raise ModelNotFoundError(f"{url} does not list the model {self.model!r}; it serves: {', '.join(ids)}")
 
     def close(self) -> None:
-        """Close the sync HTTP client (``aclose`` closes the async one too). Safe to call twice."""
+        """Close the sync HTTP client it made (``aclose`` closes the async one too). Safe to call twice."""
         self._closed = True
-        self._client.close()
+        if self._owns_client:
+            self._client.close()
 
     def __enter__(self) -> Self:
         return self
@@ -545,7 +580,9 @@ class CloudBackend(Backend):
 
     def _aclient(self) -> httpx.AsyncClient:
         if self._async_client is None:
-            self._async_client = httpx.AsyncClient(**self._client_options)
+            self._async_client = httpx.AsyncClient(
+                headers=self._headers, timeout=self._timeout, transport=self._async_transport
+            )
         return self._async_client
 
     async def _apost(self, body: dict[str, Any]) -> httpx.Response:
@@ -553,24 +590,17 @@ class CloudBackend(Backend):
         client, attempt = self._aclient(), 0
         while True:
             try:
-                request = client.build_request("POST", self._chat_url, json=body, headers=_STREAM_HEADERS)
-                response = await client.send(request, stream=True)
+                response = await client.send(self._build(client, body), stream=True)
             except httpx.TransportError as exc:
                 failure = self._transport_failure(exc, attempt, self._chat_url)
             else:
                 if response.is_success:
                     return response
-                try:
+                with contextlib.suppress(httpx.HTTPError):
                     await response.aread()
-                except httpx.HTTPError:
-                    pass
-                finally:
-                    await response.aclose()
+                await response.aclose()
                 failure = self._status_failure(response, attempt)
-            wait = self._retry_wait(failure, attempt)
-            if wait is None:
-                raise failure.error from failure.cause
-            await asyncio.sleep(wait)
+            await asyncio.sleep(self.retry.wait(failure, attempt))
             attempt += 1
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
@@ -600,11 +630,12 @@ class CloudBackend(Backend):
             await chunks.aclose()
 
     async def aclose(self) -> None:
-        """Close both HTTP clients. Safe to call twice."""
+        """Close the HTTP clients it made. Safe to call twice."""
         self._closed = True
-        if self._async_client is not None:
+        if self._async_client is not None and self._owns_async_client:
             await self._async_client.aclose()
-        self._client.close()
+        if self._owns_client:
+            self._client.close()
 
     async def __aenter__(self) -> Self:
         return self

@@ -2,10 +2,10 @@
 
 This module owns :class:`TorchEngineBackend`. It turns a :class:`~edgecloud.types.ChatRequest`
 (or a :class:`~edgecloud.cloud.completions.CompletionRequest`) into OpenAI-shaped chunks:
-the GGUF's chat template and llama.cpp's tokenizer (:class:`~edgecloud.cloud.engine.Tokenizer`),
+the GGUF's chat template and llama.cpp's tokenizer (:class:`~edgecloud.engine.Tokenizer`),
 the continuous-batching :class:`~edgecloud.cloud.scheduler.Scheduler` for generation (many
 requests share each forward pass; shared prompt prefixes are reused), and
-:class:`~edgecloud.edge.text_stream.TextStream` for UTF-8-safe deltas and stop strings.
+:class:`~edgecloud.runtime.text_stream.TextStream` for UTF-8-safe deltas and stop strings.
 
 Requests run concurrently: ``stream`` (sync, any thread) and ``astream`` (async, no extra
 thread) both submit to the scheduler and consume its tokens. Closing either iterator
@@ -17,7 +17,7 @@ not implement (logprobs, presence/frequency penalties) fail with
 :class:`~edgecloud.errors.InvalidRequestError` naming the field.
 
 On a CPU with float32 weights the linear layers are switched to oneDNN's prepacked matmuls
-(:func:`~edgecloud.cloud.engine.pack_linears`), which keep small decode batches cheap.
+(:func:`~edgecloud.engine.pack_linears`), which keep small decode batches cheap.
 
 The request-to-chunks pieces (:class:`Answer`, :class:`ChatChunks`, :func:`reject_unsupported`,
 :func:`sampling_params`) do not depend on the scheduler; the torch edge backend
@@ -33,8 +33,11 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from ..engine.model import DEFAULT_N_CTX
+from ..store.catalogue import DEFAULT_MODEL
 from ..backend import Backend
-from ..edge.text_stream import TextStream
+from ..runtime.sampling import SamplingParams, sampling_params
+from ..runtime.text_stream import TextStream
 from ..errors import BackendUnavailableError, ConfigError, ContextOverflowError, InvalidRequestError
 from ..observability.server_metrics import ServerMetrics
 from ..types import (
@@ -54,7 +57,6 @@ from .scheduler import (
     DEFAULT_MAX_BATCH,
     DEFAULT_MAX_QUEUE,
     DEFAULT_PREFIX_CACHE_BYTES,
-    SamplingParams,
     Scheduler,
     Sequence,
 )
@@ -70,12 +72,6 @@ __all__ = [
     "sampling_params",
 ]
 
-DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
-#: Context served when neither ``n_ctx`` nor a smaller model limit says otherwise.
-DEFAULT_N_CTX = 4096
-#: OpenAI's defaults when a request leaves them out.
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
 
 
 class Outcome(Protocol):
@@ -92,17 +88,6 @@ def reject_unsupported(request: ChatRequest) -> None:
     for field in ("presence_penalty", "frequency_penalty"):
         if getattr(request, field):
             raise InvalidRequestError(f"{field} is not supported by the torch engine yet", param=field)
-
-
-def sampling_params(request: ChatRequest | CompletionRequest, max_new_tokens: int) -> SamplingParams:
-    """The request's sampling options with OpenAI's defaults filled in."""
-    return SamplingParams(
-        max_new_tokens=max_new_tokens,
-        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
-        seed=request.seed,
-        stop_at_eog=not getattr(request, "ignore_eos", False),
-    )
 
 
 class Answer:
@@ -168,7 +153,7 @@ class TorchEngineBackend(Backend):
         speculative: SpecConfig | None = None,
         draft_model: str | Path | None = None,
     ) -> None:
-        from .engine import PRECISIONS
+        from ..engine import PRECISIONS
 
         if precision not in PRECISIONS:
             raise ConfigError(f"unknown precision {precision!r}; use one of {', '.join(PRECISIONS)}")
@@ -229,7 +214,7 @@ class TorchEngineBackend(Backend):
 
     def _load(self) -> None:
         from ..store import resolve_model
-        from .engine import Tokenizer, Transformer, pack_linears
+        from ..engine import Tokenizer, Transformer, pack_linears
 
         path = resolve_model(self.model, pull=True, progress=False)
         kwargs: dict[str, Any] = {"fp8_skip": self.fp8_skip} if self.fp8_skip else {}

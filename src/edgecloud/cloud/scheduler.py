@@ -10,7 +10,7 @@ One background thread owns the model. Each step it
 2. builds one flattened batch: a single token for every decoding sequence, plus a chunk of
    prompt for sequences still prefilling (at most ``max_prefill_tokens`` per step, so a
    long prompt never stalls the others for more than one chunk);
-3. runs :meth:`~edgecloud.cloud.engine.Transformer.forward_batch` once (one matmul per
+3. runs :meth:`~edgecloud.engine.Transformer.forward_batch` once (one matmul per
    layer for all rows; attention per sequence against its own cache);
 4. samples each sequence's next token with its own parameters and generator, delivers it,
    and retires sequences that hit an end-of-generation token, their ``max_new_tokens``,
@@ -22,7 +22,7 @@ is full, instead of letting latency grow without bound.
 
 **Prefix cache.** Agents resend the same long prefix (system prompt, tools, the conversation
 so far) turn after turn. A finished sequence's KV (prompt + answer) is kept in a byte-bounded
-LRU (:class:`~edgecloud.edge.prefix_cache.PrefixCache`); a new prompt sharing at least
+LRU (:class:`~edgecloud.runtime.prefix_cache.PrefixCache`); a new prompt sharing at least
 ``min_prefix`` tokens with an entry copies that prefix into its cache and prefills only the
 rest. Copying (rather than sharing) keeps every sequence's cache private and costs a memory
 copy of the prefix, far less than recomputing it.
@@ -45,10 +45,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..edge.prefix_cache import PrefixCache, SavedPrefix
+from ..runtime.prefix_cache import PrefixCache, SavedPrefix
+from ..runtime.sampling import SamplingParams
 from ..errors import BackendError, BackendUnavailableError, ContextOverflowError, InvalidRequestError, RateLimitedError
 from ..observability.server_metrics import ServerMetrics
-from .engine import KVCache, Transformer, sample
+from ..engine import KVCache, Transformer, sample
 from .speculative import Planned, SpecState, Speculator
 
 __all__ = ["SamplingParams", "Scheduler", "Sequence"]
@@ -63,24 +64,6 @@ DEFAULT_PREFIX_CACHE_BYTES = 1 << 30
 DEFAULT_MIN_PREFIX = 16
 #: A new cache holds the prompt plus this many answer positions, then doubles as needed.
 _INITIAL_ANSWER_ROOM = 256
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one sequence samples and when it stops."""
-
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-    stop_at_eog: bool = True
-    #: The request's speculation limits: a proposer name or "off" (None: the server's choice), and a cap on k.
-    spec_mode: str | None = None
-    spec_k_max: int | None = None
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_new_tokens}", param="max_tokens")
 
 
 class _End:
@@ -170,7 +153,7 @@ class Sequence:
 
 
 class Scheduler:
-    """Runs many sequences through one :class:`~edgecloud.cloud.engine.Transformer` at once."""
+    """Runs many sequences through one :class:`~edgecloud.engine.Transformer` at once."""
 
     def __init__(
         self,

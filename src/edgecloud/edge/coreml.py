@@ -10,17 +10,17 @@ This module owns :class:`CoreMLBackend` and the host side of the exported model'
   :func:`~edgecloud.quant.export_coreml.causal_mask` inputs on the request's own state
   (``make_state``); elsewhere the same function runs over the traced torch decoder the package
   is converted from, which is how the tests hold it to the engine's own
-  :func:`~edgecloud.cloud.engine.generate`. Sampling is the engine's
-  :func:`~edgecloud.cloud.engine.sample` (greedy, or temperature / top-p with a seeded
+  :func:`~edgecloud.engine.generate`. Sampling is the engine's
+  :func:`~edgecloud.engine.sample` (greedy, or temperature / top-p with a seeded
   generator) with OpenAI's defaults; the chunks (end of generation unless ``ignore_eos``,
   logprobs from the step's logits, UTF-8-safe deltas, stop strings held back, finish, usage,
-  route) come from :class:`~edgecloud.edge.chunks.AnswerChunks`, as for the other edge runtimes.
+  route) come from :class:`~edgecloud.runtime.chunks.AnswerChunks`, as for the other edge runtimes.
 - :func:`coreml_unavailable_reason`: why this machine cannot run Core ML predictions (Core
   ML states need macOS 15); :class:`CoreMLBackend` raises
   :class:`~edgecloud.errors.BackendUnavailableError` with it when constructed elsewhere.
 
 The tokenizer is the package's own vocabulary-only GGUF, loaded by the engine's
-:class:`~edgecloud.cloud.engine.Tokenizer` (llama.cpp, ``vocab_only``), so prompts are
+:class:`~edgecloud.engine.Tokenizer` (llama.cpp, ``vocab_only``), so prompts are
 token-identical to the llama.cpp and torch backends'. Each request starts from a fresh state
 (no prefix reuse).
 """
@@ -37,8 +37,8 @@ import numpy as np
 import torch
 
 from ..backend import SerialBackend
-from ..cloud.engine import Tokenizer, sample
-from ..cloud.engine_backend import sampling_params
+from ..engine import Tokenizer, sample
+from ..runtime.sampling import sampling_params
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -49,7 +49,7 @@ from ..errors import (
     ModelNotFoundError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .chunks import AnswerChunks, answer_budget
+from ..runtime.chunks import AnswerChunks, answer_budget
 
 __all__ = ["COMPUTE_UNITS", "MIN_MACOS", "CoreMLBackend", "Step", "coreml_unavailable_reason", "stream_answer"]
 

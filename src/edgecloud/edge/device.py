@@ -17,6 +17,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..runtime.llama_cpp import physical_cores
 
 __all__ = ["DeviceProfile", "PROFILES", "get_device", "detect_device", "device_names"]
 
@@ -119,16 +120,6 @@ PROFILES: dict[str, DeviceProfile] = {
 _THIS_HEADROOM = 0.10
 
 
-def _physical_cores() -> int:
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except ImportError:
-        n = None
-    return max(1, n or os.cpu_count() or 1)
-
-
 def _memory() -> tuple[int, int]:
     """(total, available) bytes of RAM; MemAvailable counts reclaimable page cache."""
     try:
@@ -189,7 +180,7 @@ def detect_device() -> DeviceProfile:
         budget_bytes=min(budget + (0 if unified else gpu_bytes), total + (0 if unified else gpu_bytes)),
         gpu_bytes=gpu_bytes,
         unified_memory=unified,
-        cpu_threads=_physical_cores(),
+        cpu_threads=physical_cores(),
         gpu_backend=backend,
     )
 

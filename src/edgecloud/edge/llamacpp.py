@@ -4,17 +4,17 @@ This module owns :class:`LlamaCppBackend`. llama-cpp-python is used for what it 
 (loading a GGUF file, tokenizing, batched ``eval``); the rest is ours, because the
 OpenAI-shaped stream and the edge's latency budget need it:
 
-- the prompt is the GGUF's own chat template (:mod:`edgecloud.edge.chat_template`), rendered
+- the prompt is the GGUF's own chat template (:mod:`edgecloud.runtime.chat_template`), rendered
   and tokenized exactly as llama-cpp-python's ``Jinja2ChatFormatter`` does (special tokens
   parsed, no extra BOS);
 - a token-by-token decode loop: greedy is an ``argmax`` over the logits (no sampler call),
   temperature / top-p / penalties / seed go through a llama.cpp sampler chain; each token
-  then goes to :class:`~edgecloud.edge.chunks.AnswerChunks` (end-of-generation, logprobs as a
+  then goes to :class:`~edgecloud.runtime.chunks.AnswerChunks` (end-of-generation, logprobs as a
   log-softmax of the same logits when asked, whole UTF-8 characters, stop strings held back);
 - prefix KV reuse: only the suffix after the longest common prefix with the tokens already
   in the llama.cpp context is evaluated; a conversation about to be overwritten is saved
   (llama.cpp's per-sequence state API) into a byte-bounded LRU
-  (:mod:`edgecloud.edge.prefix_cache`) so alternating chats resume without recomputing;
+  (:mod:`edgecloud.runtime.prefix_cache`) so alternating chats resume without recomputing;
   the template's fixed prefix (default system prompt) is evaluated at load time, so even
   the first question skips it; and after an answer, idle time (while the user reads and
   types) is used to evaluate the next turn's header (end of the answer, the user-turn
@@ -39,6 +39,7 @@ from typing import Any
 
 import numpy as np
 
+from ..store.catalogue import DEFAULT_MODEL
 from ..backend import SerialBackend
 from ..errors import (
     BackendError,
@@ -48,13 +49,13 @@ from ..errors import (
     ModelIntegrityError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .chat_template import ChatTemplate
-from .chunks import AnswerChunks, answer_budget
-from .device import detect_device
-from .gguf_info import read_gguf_spec
-from .llamacpp_runtime import import_llama_cpp
+from ..runtime.chat_template import ChatTemplate
+from ..runtime.chunks import AnswerChunks, answer_budget
+from ..runtime.gguf import read_gguf_spec
+from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
 from .memory import plan as plan_memory
-from .prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
+from ..runtime.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_LAST_N
+from ..runtime.prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
 
 __all__ = [
     "LlamaCppBackend",
@@ -64,7 +65,6 @@ __all__ = [
     "KV_CACHE_TYPES",
 ]
 
-DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
 #: 256 MiB holds ~21k tokens of KV for the 0.5B model at f16 (12 KiB/token), i.e. a few dozen
 #: saved conversations, at a fraction of the device memory the model itself takes.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
@@ -76,11 +76,6 @@ STASH_MIN_TOKENS = 16
 PREFETCH_GRACE_S = 0.1
 #: Never prefetch more than this many tokens (a retokenized answer that diverged a lot).
 PREFETCH_MAX_TOKENS = 256
-#: OpenAI's defaults when a request leaves them out.
-DEFAULT_TEMPERATURE = 1.0
-DEFAULT_TOP_P = 1.0
-#: How many recent tokens presence/frequency penalties look at (llama.cpp's default).
-PENALTY_LAST_N = 64
 
 #: KV cache element types accepted for ``kv_cache_type`` -> ggml type id (ggml.h, stable).
 KV_CACHE_TYPES: dict[str, int] = {
@@ -113,21 +108,6 @@ class LlamaCppStats:
     saves: int = 0
     #: Tokens of the next turn's header evaluated in idle time after an answer.
     prefetched_tokens: int = 0
-
-
-def _physical_cores() -> int:
-    """Threads for llama.cpp: this machine's physical cores (whatever profile was planned for)."""
-    return max(1, int(detect_device().cpu_threads))
-
-
-def token_piece(lib: Any, vocab: Any, token: int) -> bytes:
-    """The bytes llama.cpp renders for ``token`` (special tokens as empty)."""
-    buf = ctypes.create_string_buffer(64)
-    n = lib.llama_token_to_piece(vocab, token, buf, 64, 0, False)
-    if n < 0:
-        buf = ctypes.create_string_buffer(-n)
-        n = lib.llama_token_to_piece(vocab, token, buf, -n, 0, False)
-    return buf.raw[:n]
 
 
 def _ggml_type(value: Any) -> int:
@@ -300,7 +280,7 @@ class LlamaCppBackend(SerialBackend):
         unquantized = {_ggml_type(name) for name in _UNQUANTIZED_KV}
         if kwargs.get("type_v") is not None and kwargs["type_v"] not in unquantized:
             kwargs["flash_attn"] = True  # llama.cpp needs it for a quantized V cache
-        threads = self._n_threads or _physical_cores()
+        threads = self._n_threads or physical_cores()
         kwargs["n_threads"] = threads
         kwargs["n_threads_batch"] = threads
         return kwargs

@@ -36,7 +36,8 @@ from typing import Any
 
 from ..errors import InvalidRequestError, ModelNotFoundError
 from .device import DeviceProfile, get_device
-from .gguf_info import GGML_TYPE_SIZES, ModelSpec, read_gguf_spec
+from .onnx_manifest import GENAI_CONFIG, load_manifest
+from ..runtime.gguf import GGML_TYPE_SIZES, ModelSpec, read_gguf_spec
 
 __all__ = [
     "ModelSpec",
@@ -416,7 +417,6 @@ class _OnnxModel:
 def _onnx_model(folder: str | os.PathLike[str]) -> _OnnxModel:
     import json
 
-    from .onnx import GENAI_CONFIG, load_manifest
 
     manifest = load_manifest(folder)  # ModelNotFoundError for a folder that is not an export
     path = Path(folder).expanduser()

@@ -6,7 +6,7 @@ the ``edgecloud.json`` that ``edgecloud export onnx`` writes, and :func:`load_ma
 
 What it shares with the llama.cpp backend, so both answer a conversation the same way:
 
-- the prompt is the GGUF's own chat template (:class:`~edgecloud.edge.chat_template.ChatTemplate`,
+- the prompt is the GGUF's own chat template (:class:`~edgecloud.runtime.chat_template.ChatTemplate`,
   stored in the manifest with the bos/eos strings), tokenized with special tokens parsed and
   no extra BOS; ``tokenizer.json`` was built from the same GGUF vocabulary, and its ids match
   llama.cpp's (``tests/edge/test_onnx_backend.py``);
@@ -14,7 +14,7 @@ What it shares with the llama.cpp backend, so both answer a conversation the sam
 - the decode loop is ours: onnxruntime-genai's ``og.Generator`` runs the model
   (``append_tokens``) and hands back the last position's logits; greedy is an ``argmax``,
   temperature / top-p / penalties / seed are numpy (llama.cpp's sampler chain, in order), and
-  each token goes to :class:`~edgecloud.edge.chunks.AnswerChunks` (end of generation, logprobs,
+  each token goes to :class:`~edgecloud.runtime.chunks.AnswerChunks` (end of generation, logprobs,
   whole UTF-8 characters, stop strings held back), as in the llama.cpp backend;
 - prefix reuse: the generator (and its KV cache) is kept between requests and rewound to the
   longest prefix the next prompt shares with what it holds (``usage.cached_tokens``).
@@ -47,12 +47,13 @@ from ..errors import (
     ModelNotFoundError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .chat_template import ChatTemplate
-from .chunks import AnswerChunks, answer_budget
+from ..runtime.chat_template import ChatTemplate
+from ..runtime.chunks import AnswerChunks, answer_budget
 from .device import detect_device
-from .llamacpp import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_LAST_N
 from .memory import N_BATCH, plan_onnx
-from .prefix_cache import common_prefix_len_np
+from .onnx_manifest import EXPORT_FILE, GENAI_CONFIG, ExportManifest, is_onnx_export, load_manifest
+from ..runtime.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_LAST_N
+from ..runtime.prefix_cache import common_prefix_len_np
 
 __all__ = [
     "EXPORT_FILE",
@@ -66,60 +67,9 @@ __all__ = [
     "load_manifest",
 ]
 
-#: The file onnxruntime-genai reads a model folder from (written by its model builder).
-GENAI_CONFIG = "genai_config.json"
-#: The file ``edgecloud export onnx`` writes next to it.
-EXPORT_FILE = "edgecloud.json"
 TOKENIZER_FILE = "tokenizer.json"
 #: Prompt tokens per forward pass (llama.cpp's n_batch; the memory planner assumes it too).
 PREFILL_CHUNK = N_BATCH
-
-
-class ExportManifest(BaseModel):
-    """``edgecloud.json``: where an export came from and how to prompt it without the GGUF file."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True)
-
-    format: int = 1
-    #: Catalogue name (or file stem) of the source model.
-    model: str
-    source_path: str
-    source_bytes: int
-    #: GGUF ``general.architecture`` (llama, qwen2).
-    architecture: str
-    precision: str = "int4"
-    block_size: int = 32
-    execution_provider: str = "cpu"
-    chat_template: str
-    bos_token: str = ""
-    eos_token: str = ""
-    #: Ids llama.cpp ends generation at for the source file.
-    eog_token_ids: list[int]
-    context_length: int
-
-
-def is_onnx_export(path: str | os.PathLike[str]) -> bool:
-    """True when ``path`` is a folder onnxruntime-genai can load (it holds ``genai_config.json``)."""
-    return (Path(path).expanduser() / GENAI_CONFIG).is_file()
-
-
-def load_manifest(folder: str | os.PathLike[str]) -> ExportManifest:
-    """The manifest of an export folder.
-
-    ModelNotFoundError when ``folder`` is not an onnxruntime-genai folder or was not built by
-    ``edgecloud export onnx``; ModelIntegrityError when ``edgecloud.json`` is unreadable.
-    """
-    folder = Path(folder).expanduser()
-    rebuild = f"build one with `edgecloud export onnx --model NAME --out {folder}`"
-    if not is_onnx_export(folder):
-        raise ModelNotFoundError(f"{folder} is not an ONNX Runtime GenAI model folder (no {GENAI_CONFIG}); {rebuild}")
-    path = folder / EXPORT_FILE
-    if not path.is_file():
-        raise ModelNotFoundError(f"{folder} was not built by edgecloud (no {EXPORT_FILE}); {rebuild}")
-    try:
-        return ExportManifest.model_validate_json(path.read_text(encoding="utf-8"))
-    except (OSError, ValidationError) as exc:
-        raise ModelIntegrityError(f"{path} is unreadable ({exc}); rebuild the folder with `edgecloud export onnx`") from exc
 
 
 def _bytes_to_unicode() -> dict[str, int]:

@@ -5,19 +5,18 @@ cloud's :class:`~edgecloud.cloud.engine_backend.TorchEngineBackend` for a single
 scheduler, one sequence, one KV cache kept between requests. What it reuses rather than
 repeats:
 
-- the model and its tokenizer: :meth:`Transformer.from_gguf <edgecloud.cloud.engine.Transformer.from_gguf>`
-  (float32 on the CPU, float16/bfloat16 on a GPU) and :class:`~edgecloud.cloud.engine.Tokenizer`
+- the model and its tokenizer: :meth:`Transformer.from_gguf <edgecloud.engine.Transformer.from_gguf>`
+  (float32 on the CPU, float16/bfloat16 on a GPU) and :class:`~edgecloud.engine.Tokenizer`
   (llama.cpp's tokenizer and the GGUF's chat template, so prompts are token-identical to the
   llama.cpp backend's);
-- the decode loop: :func:`edgecloud.cloud.engine.generate` (prefill, one token per step,
+- the decode loop: :func:`edgecloud.engine.generate` (prefill, one token per step,
   greedy or temperature / top-p with a seeded generator, end-of-generation ids) over the
-  kept :class:`~edgecloud.cloud.engine.KVCache`; only the prompt after the longest prefix
+  kept :class:`~edgecloud.engine.KVCache`; only the prompt after the longest prefix
   shared with what the cache holds is prefilled (``usage.cached_tokens``);
-- the chunks: :class:`~edgecloud.cloud.engine_backend.Answer` and
-  :class:`~edgecloud.cloud.engine_backend.ChatChunks` (role chunk, whole-UTF-8 content deltas
-  through :class:`~edgecloud.edge.text_stream.TextStream`, stop strings never emitted,
-  finish ``stop`` / ``length``, usage and route on the last chunk), with the request checks and
-  sampling defaults of the same module (logprobs and penalties are refused, naming the field).
+- the chunks: :class:`~edgecloud.runtime.chunks.AnswerChunks`, as for every edge runtime (role
+  chunk, whole-UTF-8 content deltas, stop strings never emitted, logprobs when asked, finish
+  ``stop`` / ``length``, usage and route on the last chunk), and the sampling defaults of
+  :mod:`edgecloud.runtime.sampling` (presence/frequency penalties are refused, naming the field).
 
 **Device and dtype.** ``device="auto"`` takes the GPU :func:`~edgecloud.edge.device.detect_device`
 reports (CUDA, else Apple's Metal as ``mps``), else the CPU. ``dtype="auto"`` is float32 on the
@@ -48,7 +47,7 @@ if sys.platform == "darwin":
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,14 +56,15 @@ import numpy as np
 import torch
 
 from ..backend import SerialBackend
-from ..cloud.engine import Tokenizer, Transformer, generate
-from ..cloud.engine_backend import DEFAULT_MODEL, DEFAULT_N_CTX, Answer, ChatChunks, reject_unsupported, sampling_params
-from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError
+from ..engine import DEFAULT_N_CTX, Tokenizer, Transformer, decode_one_token, prefill, sample
+from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, InvalidRequestError
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .chunks import answer_budget
+from ..runtime.chunks import AnswerChunks, answer_budget
+from ..runtime.sampling import sampling_params
 from .device import detect_device
+from ..store.catalogue import DEFAULT_MODEL
 from .op_fallback import CpuFallback, DeviceCaps, device_caps
-from .prefix_cache import common_prefix_len_np
+from ..runtime.prefix_cache import common_prefix_len_np
 
 __all__ = ["DEFAULT_MODEL", "DTYPES", "TorchBackend", "TorchStats"]
 
@@ -92,14 +92,6 @@ class TorchStats:
     completion_tokens: int = 0
     #: Ops run on the CPU instead of the device, per op (live: the fallback's own counter).
     fallbacks: dict[str, int] = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class _Outcome:
-    """How one answer ended (what :meth:`ChatChunks.finish` reads)."""
-
-    finish_reason: str | None
-    cached_tokens: int
 
 
 def _pick_device(device: str) -> str:
@@ -141,7 +133,7 @@ class TorchBackend(SerialBackend):
 
     name = "torch"
     target = "edge"
-    supports_logprobs = False
+    supports_logprobs = True
     supports_seed = True
     supports_stop = True
 
@@ -206,13 +198,13 @@ class TorchBackend(SerialBackend):
 
     @property
     def transformer(self) -> Any:
-        """The loaded :class:`~edgecloud.cloud.engine.Transformer` (loads it first if needed)."""
+        """The loaded :class:`~edgecloud.engine.Transformer` (loads it first if needed)."""
         self.load()
         return self._model
 
     @property
     def tokenizer(self) -> Any:
-        """The loaded :class:`~edgecloud.cloud.engine.Tokenizer` (loads it first if needed)."""
+        """The loaded :class:`~edgecloud.engine.Tokenizer` (loads it first if needed)."""
         self.load()
         return self._tokenizer
 
@@ -278,52 +270,59 @@ class TorchBackend(SerialBackend):
         return RouteInfo(target="edge", backend=self.name, reason=reason)
 
     def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        reject_unsupported(request)
+        for option in ("presence_penalty", "frequency_penalty"):
+            if getattr(request, option):
+                raise InvalidRequestError(f"{option} is not supported by the torch edge backend yet", param=option)
         with self._serving():
             model, tokenizer = self._ensure_loaded()
             prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
             params = sampling_params(request, answer_budget(len(prompt), self.n_ctx, request.max_tokens))
             cached = self._reuse_prefix(prompt)
             before = self.fallbacks
-            tokens = generate(
-                model, tokenizer, prompt, params.max_new_tokens, temperature=params.temperature, top_p=params.top_p,
-                seed=params.seed, stop_at_eog=params.stop_at_eog, cache=self._cache,
+            generator = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
+            answer = AnswerChunks(
+                request, self.model_name, self._route(),
+                piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
             )
-            answer = Answer(tokenizer, request.stop_sequences, len(prompt), params.max_new_tokens)
+            if not params.stop_at_eog:
+                answer = AnswerChunks(request, self.model_name, self._route(), piece=answer._piece, is_eog=lambda _: False)
             generated: list[int] = []
             stats = self.stats
             stats.requests += 1
             stats.prompt_tokens += len(prompt)
             stats.cached_tokens += cached
             try:
-                token = self._next_token(tokens)  # the prefill: a failure here comes before any chunk
-                out = ChatChunks(self.model_name, self._route(), answer)
-                yield from out.start()
-                while token is not None:
+                # the prefill: a failure here comes before any chunk
+                logits = self._step(lambda: prefill(model, prompt[self._cache.length :], self._cache))
+                yield answer.start()
+                while answer.generated < params.max_new_tokens:
+                    row = logits.float().cpu()
+                    token = sample(row, temperature=params.temperature, top_p=params.top_p, generator=generator)
                     generated.append(token)
-                    stats.completion_tokens += 1
-                    yield from out.push(token)
-                    if answer.stopped:
+                    before_count = answer.generated
+                    yield from answer.push(token, row.numpy())
+                    stats.completion_tokens += answer.generated - before_count
+                    if answer.done or answer.generated >= params.max_new_tokens:
                         break
-                    token = self._next_token(tokens)
-                out.route = self._route({k: n - before.get(k, 0) for k, n in self.fallbacks.items()})
-                hit_length = len(generated) >= params.max_new_tokens
-                yield from out.finish(_Outcome("length" if hit_length else "stop", cached))
+                    logits = self._step(lambda: decode_one_token(model, token, self._cache))
+                answer.route = self._route({k: n - before.get(k, 0) for k, n in self.fallbacks.items()})
+                yield from answer.finish(len(prompt), cached)
             except (GeneratorExit, EdgeCloudError):
                 raise
             except Exception as exc:
                 generated.clear()
                 self._cache.truncate(0)
-                raise BackendError(f"the torch backend failed while generating on {self.device}: {exc}") from exc
+                raise BackendError(
+                    f"the torch backend failed while generating on {self.device}: {exc}", cause="edge_error"
+                ) from exc
             finally:
-                tokens.close()
                 # the cache holds the prompt and the answer up to its last decoded token
                 self._context = (prompt + generated)[: self._cache.length]
 
-    def _next_token(self, tokens: Iterator[int]) -> int | None:
-        """Run the loop to its next token (a prefill or one decode step) under the CPU fallback."""
+    def _step(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """One model step (the prefill or one decode step) under the CPU fallback."""
         with self.fallback_scope():
-            return next(tokens, None)
+            return run()
 
     def _reuse_prefix(self, prompt: list[int]) -> int:
         """Keep the longest prefix of ``prompt`` the cache already holds; return its length."""

@@ -97,7 +97,7 @@ def _tracer(tracer_provider: Any) -> Any:
         from opentelemetry import trace
     except ImportError:
         return None
-    from .. import __version__
+    from .._version import __version__
 
     if tracer_provider is not None:
         return tracer_provider.get_tracer("edgecloud", __version__)

@@ -1,6 +1,6 @@
 """Precision tools: lower-precision weight formats for the torch engine, and how much they cost.
 
-:mod:`edgecloud.quant.fp8` owns FP8 (E4M3) weights with per-output-channel scales:
+:mod:`edgecloud.engine.fp8` owns FP8 (E4M3) weights with per-output-channel scales:
 :func:`quantize_fp8_per_channel`, the drop-in :class:`FP8Linear` and the model handler
 :func:`convert_to_fp8`. :mod:`edgecloud.quant.compare` measures a quantized model against
 fp32 on real text (:func:`compare_precision`), finds the layers that drift most and records
@@ -17,7 +17,7 @@ from .compare import (
     load_quant_config,
     save_quant_config,
 )
-from .fp8 import (
+from ..engine.fp8 import (
     ALWAYS_KEPT,
     FP8_MAX,
     SCALE_SEARCH_STEPS,

@@ -32,9 +32,9 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from torch import Tensor, nn
 
-from ..cloud.engine import Tokenizer, Transformer
+from ..engine import Tokenizer, Transformer
 from ..errors import ConfigError, InvalidRequestError
-from .fp8 import FP8Linear, convertible_layers
+from ..engine.fp8 import FP8Linear, convertible_layers
 from .sample import load_sample
 
 __all__ = [
@@ -119,7 +119,7 @@ def load_quant_config(path: str | os.PathLike[str]) -> QuantConfig:
 def chunk_texts(tokenizer: Any, texts: Mapping[str, str], tokens: int, chunk_tokens: int = 512) -> list[Chunk]:
     """The first ``tokens // len(texts)`` tokens of each text, in passages of at most ``chunk_tokens``.
 
-    ``tokenizer`` is an :class:`~edgecloud.cloud.engine.Tokenizer` (anything with
+    ``tokenizer`` is an :class:`~edgecloud.engine.Tokenizer` (anything with
     ``encode(text) -> list[int]``). Each passage is scored with its own fresh context.
     """
     if not texts:

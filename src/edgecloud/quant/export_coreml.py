@@ -3,7 +3,7 @@
 This module owns the contract between the exported package and the host that runs it
 (:class:`~edgecloud.edge.coreml.CoreMLBackend`), and the steps that build it:
 
-- :class:`StatefulDecoder`: the torch engine's :class:`~edgecloud.cloud.engine.Transformer`
+- :class:`StatefulDecoder`: the torch engine's :class:`~edgecloud.engine.Transformer`
   rewritten for tracing. Its KV cache is two registered float16 buffers
   ``k_cache`` / ``v_cache`` of shape ``[n_layer, 1, n_head_kv, context, head_dim]``, written in
   place with slice assignment, which coremltools turns into Core ML *states*
@@ -53,8 +53,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ..cloud.engine import GGUFFile, ModelArgs, Transformer
-from ..edge.gguf_info import read_gguf_header
+from ..engine import GGUFFile, ModelArgs, Transformer
+from ..runtime.gguf import read_gguf_header
 from ..errors import BackendError, BackendUnavailableError, InvalidRequestError, ModelIntegrityError
 
 __all__ = [
@@ -188,7 +188,7 @@ class _StableRMSNorm(nn.Module):
 
 
 class _Layer(nn.Module):
-    """One engine :class:`~edgecloud.cloud.engine.model.Block`, attending over the state buffers."""
+    """One engine :class:`~edgecloud.engine.model.Block`, attending over the state buffers."""
 
     def __init__(self, block: nn.Module, args: ModelArgs) -> None:
         super().__init__()
@@ -360,7 +360,7 @@ def _write_vocab_gguf(gguf: Path, out: Path) -> None:
 
 
 def package_tokenizer(path: str | Path) -> Path:
-    """The vocabulary-only GGUF stored in an exported package (load it with :class:`~edgecloud.cloud.engine.Tokenizer`)."""
+    """The vocabulary-only GGUF stored in an exported package (load it with :class:`~edgecloud.engine.Tokenizer`)."""
     import_coremltools()
     from coremltools.libmodelpackage import ModelPackage
 

@@ -4,7 +4,7 @@ This module owns :func:`export_onnx` and its four stages, each a function named 
 it does:
 
 1. :func:`write_hf_checkpoint` (*dequantize*): every GGUF tensor dequantized to float32 with
-   the engine's bit-exact decoders (:class:`~edgecloud.cloud.engine.GGUFFile`), renamed to
+   the engine's bit-exact decoders (:class:`~edgecloud.engine.GGUFFile`), renamed to
    its Hugging Face name and written as sharded safetensors; llama-family Q/K rows are
    un-permuted (llama.cpp's converter permutes them for its rope; Hugging Face's rotate-half
    rope wants them back). The ``config.json`` (:func:`hf_config`, from the GGUF metadata) is
@@ -52,8 +52,8 @@ from typing import Any
 
 import numpy as np
 
-from ..edge.chat_template import CHATML_TEMPLATE
-from ..edge.onnx import EXPORT_FILE, ExportManifest, load_manifest
+from ..runtime.chat_template import CHATML_TEMPLATE
+from ..edge.onnx_manifest import EXPORT_FILE, ExportManifest, load_manifest
 from ..errors import BackendError, BackendUnavailableError, EdgeCloudError, InvalidRequestError
 
 __all__ = [
@@ -210,7 +210,7 @@ def end_of_generation_ids(gguf_path: Path, metadata: dict[str, Any], vocab: dict
     """Token ids llama.cpp stops at for this file: asked of llama.cpp itself when it is installed,
     otherwise the metadata's eos/eot/eom ids and the end-of-turn tokens llama.cpp knows by text."""
     try:
-        from ..cloud.engine import Tokenizer
+        from ..engine import Tokenizer
 
         tokenizer = Tokenizer(gguf_path)
     except (ImportError, BackendUnavailableError):
@@ -230,7 +230,7 @@ def hf_config(
 ) -> dict[str, Any]:
     """A Hugging Face ``config.json`` for the GGUF model described by ``metadata`` and its tensor table;
     ``eog_ids`` (default: the metadata's eos id) become ``eos_token_id``, where onnxruntime-genai stops."""
-    from ..cloud.engine import ModelArgs
+    from ..engine import ModelArgs
 
     arch = str(metadata.get("general.architecture", ""))
     target = hf_architecture(arch)
@@ -275,7 +275,7 @@ def write_hf_checkpoint(gguf_path: Path, folder: Path, progress: Progress | None
     """
     from safetensors.numpy import save_file
 
-    from ..cloud.engine import GGUFFile
+    from ..engine import GGUFFile
 
     gguf = GGUFFile(gguf_path)
     target = hf_architecture(gguf.arch)
@@ -327,7 +327,7 @@ def write_tokenizer(gguf_path: Path, folder: Path) -> SpecialTokens:
     Only byte-level BPE vocabularies (``tokenizer.ggml.model = gpt2``) are exported: their
     token pieces map to bytes exactly, which the ONNX backend's streaming relies on.
     """
-    from ..edge.gguf_info import read_gguf_header
+    from ..runtime.gguf import read_gguf_header
 
     metadata = read_gguf_header(gguf_path).metadata
     kind = str(metadata.get("tokenizer.ggml.model", ""))
@@ -525,7 +525,7 @@ def export_onnx(
     intermediate float32 checkpoint lives in a temporary folder next to ``out`` and is
     removed afterwards; a failed build leaves ``out`` empty, never half-written.
     """
-    from ..edge.gguf_info import read_gguf_header
+    from ..runtime.gguf import read_gguf_header
     from ..store import resolve_model
 
     out = Path(out).expanduser()

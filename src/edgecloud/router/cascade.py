@@ -123,11 +123,30 @@ class ConfidenceCheck:
     coef: list[float] | None = None
     intercept: float = 0.0
     notes: dict[str, Any] = field(default_factory=dict)
+    #: The check fitted without the logprob signals, for edge runtimes that give none
+    #: (:meth:`for_backend`); None: such answers are judged by the rule.
+    without_logprobs: ConfidenceCheck | None = None
+
+    def for_backend(self, supports_logprobs: bool) -> ConfidenceCheck:
+        """The check to use on answers of a backend that does (or does not) give token logprobs.
+
+        A check fitted with logprobs would read absent logprobs as certainty (a logprob of 0);
+        without them, the variant fitted on the other signals judges, else the rule, which
+        then decides on the examples and truncation alone (no logprob: no evidence either way).
+        """
+        if supports_logprobs or self.coef is None and self.without_logprobs is None:
+            return self
+        if self.without_logprobs is not None:
+            return self.without_logprobs
+        return ConfidenceCheck(threshold=0.5, min_mean_logprob=float("-inf"))
 
     def to_json(self) -> dict[str, Any]:
         """A reviewable JSON form (format ``edgecloud.router.confidence/1``)."""
-        return {"format": CHECK_FORMAT, "threshold": self.threshold, "min_mean_logprob": self.min_mean_logprob,
-                "signals": list(SIGNAL_NAMES), "coef": self.coef, "intercept": self.intercept, "notes": self.notes}
+        out = {"format": CHECK_FORMAT, "threshold": self.threshold, "min_mean_logprob": self.min_mean_logprob,
+               "signals": list(SIGNAL_NAMES), "coef": self.coef, "intercept": self.intercept, "notes": self.notes}
+        if self.without_logprobs is not None:
+            out["without_logprobs"] = self.without_logprobs.to_json()
+        return out
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> ConfidenceCheck:
@@ -136,9 +155,11 @@ class ConfidenceCheck:
         coef = data.get("coef")
         if coef is not None and len(coef) != len(SIGNAL_NAMES):
             raise ValueError(f"coef has {len(coef)} values, want {len(SIGNAL_NAMES)}")
+        variant = data.get("without_logprobs")
         return cls(threshold=float(data["threshold"]), min_mean_logprob=float(data.get("min_mean_logprob", -0.35)),
                    coef=[float(c) for c in coef] if coef is not None else None,
-                   intercept=float(data.get("intercept", 0.0)), notes=dict(data.get("notes") or {}))
+                   intercept=float(data.get("intercept", 0.0)), notes=dict(data.get("notes") or {}),
+                   without_logprobs=cls.from_json(variant) if isinstance(variant, dict) else None)
 
     @classmethod
     def packaged(cls) -> ConfidenceCheck:

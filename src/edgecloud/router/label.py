@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backend import Backend
-from ..edge.llamacpp_batch import BatchedGreedy, BatchJob, BatchResult
+from ..runtime.llamacpp_batch import BatchedGreedy, BatchJob, BatchResult
 from ..types import ChatRequest, collect_chunks
 from .tasks import Task, grade
 

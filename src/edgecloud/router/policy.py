@@ -54,6 +54,13 @@ class RouteDecision:
     #: Set when PII was replaced by placeholders for the cloud (policy ``pii="redact"``).
     redaction: Redaction | None = None
     messages: list[dict[str, str]] | None = field(default=None, repr=False)
+    #: Which rule decided, as a metrics label: ``privacy``, ``pii``, ``pinned``, ``unavailable``,
+    #: ``context``, ``score``, ``cascade`` (the hybrid adds ``only_side``).
+    kind: str = "score"
+
+    def __post_init__(self) -> None:
+        if self.cascade and self.kind == "score":
+            self.kind = "cascade"
 
 
 @dataclass
@@ -107,20 +114,21 @@ class RoutePolicy:
                 raise PrivacyViolationError(f"{why}: the request must stay on the device, but the edge is unavailable")
             if pinned == "cloud":
                 raise PrivacyViolationError(f"{why}: route='cloud' is not allowed for this request")
-            return RouteDecision("edge", why, local_only=True)
+            return RouteDecision("edge", why, local_only=True, kind="privacy" if privacy == "local_only" else "pii")
         if pinned in ("edge", "cloud"):
             return self._with_redaction(
-                RouteDecision(pinned, f"route={pinned} requested", pinned=True), messages, found)
+                RouteDecision(pinned, f"route={pinned} requested", pinned=True, kind="pinned"), messages, found)
         if available and set(available) <= {"edge"}:
-            return RouteDecision("edge", "the cloud is unavailable")
+            return RouteDecision("edge", "the cloud is unavailable", kind="unavailable")
         if available and set(available) <= {"cloud"}:
-            return self._with_redaction(RouteDecision("cloud", "the edge is unavailable"), messages, found)
+            return self._with_redaction(RouteDecision("cloud", "the edge is unavailable", kind="unavailable"), messages, found)
         if self.edge_max_context is not None:
             count = self.count_tokens or estimate_tokens
             need = sum(count(m["content"]) for m in messages) + (getattr(request, "max_tokens", None) or 0)
             if need > self.edge_max_context:
                 return self._with_redaction(RouteDecision(
-                    "cloud", f"prompt + max_tokens ≈ {need} tokens exceed the edge context {self.edge_max_context}"),
+                    "cloud", f"prompt + max_tokens ≈ {need} tokens exceed the edge context {self.edge_max_context}",
+                    kind="context"),
                     messages, found)
         assert self.scorer is not None
         score = self.scorer.score(request)

@@ -16,7 +16,10 @@ from pydantic import BaseModel, ConfigDict
 
 from ..errors import ModelNotFoundError
 
-__all__ = ["PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
+__all__ = ["DEFAULT_MODEL", "PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
+
+#: The default edge model (and the torch engine's default): small, fast, and a good coder.
+DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
 
 
 class PackagePart(BaseModel):

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ...errors import ConfigError, InvalidRequestError
-from ..engine.generate import sampling_probs
+from ...engine.generate import sampling_probs
 
 __all__ = ["DraftRequest", "LlamaDraftProposer", "NgramProposer", "Proposal", "Proposer"]
 
@@ -120,7 +120,7 @@ class LlamaDraftProposer(Proposer):
         threads: int = 0,
         n_batch: int = 512,
     ) -> None:
-        from ...edge.llamacpp_batch import MultiSeqContext
+        from ...runtime.llamacpp_batch import MultiSeqContext
         from ...store import resolve_model
 
         path = resolve_model(model, pull=False)

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..engine.generate import sampling_probs
+from ...engine.generate import sampling_probs
 
 __all__ = ["Verdict", "sampling_probs", "verify"]
 

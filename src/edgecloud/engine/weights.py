@@ -11,7 +11,7 @@ to keep in sync.
 Why not ``gguf.GGUFReader``: it builds a numpy view for every metadata item, and the
 tokenizer alone holds ~300k strings, so merely opening a file takes 5 s (SmolLM2) to 15-18 s
 (Qwen2.5) on this machine. The header is parsed instead with the buffered reader of
-:mod:`edgecloud.edge.gguf_info` (tens of milliseconds).
+:mod:`edgecloud.runtime.gguf` (tens of milliseconds).
 
 Tensor layout: GGUF lists dims innermost first (``ne0`` = row length), so a ``[ne0, ne1]``
 tensor is a numpy/torch ``[ne1, ne0]`` matrix, which for a linear layer is
@@ -31,11 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...edge.gguf_info import (  # the fast header reader, shared
+from ..runtime.gguf import (  # the fast header reader, shared
     GGML_TYPE_SIZES,
     read_gguf_header,
 )
-from ...errors import ModelIntegrityError
+from ..errors import ModelIntegrityError
 from .dequant import dequantize
 
 __all__ = ["GGUFFile", "TensorInfo", "load_state_dict"]

@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import BackendError, ContextOverflowError, InvalidRequestError
 from .chat_template import ChatTemplate
 from .chunks import log_partition
-from .llamacpp import _physical_cores, token_piece
-from .llamacpp_runtime import import_llama_cpp
+from .llama_cpp import physical_cores, token_piece
+from .llama_cpp import import_llama_cpp
 
 __all__ = ["BatchJob", "BatchResult", "BatchedGreedy", "MultiSeqContext"]
 
@@ -81,7 +81,7 @@ class MultiSeqContext:
         self, model_path: str | Path, *, n_seq: int, n_ctx: int, n_batch: int, threads: int = 0, verbose: bool = False
     ) -> None:
         self._lib = lib = import_llama_cpp("batched llama.cpp decoding")
-        threads = threads or _physical_cores()
+        threads = threads or physical_cores()
         self.n_seq, self.n_ctx, self.n_batch = n_seq, n_ctx, n_batch
         self.llm = lib.Llama(model_path=str(model_path), n_ctx=256, n_threads=threads, verbose=verbose)
         self.vocab = self.llm._model.vocab

@@ -12,7 +12,7 @@ the cost of reading the weight once: the batch shares one pass over memory.
 ``benchmarks/cloud_engine.py`` measures both paths.
 
 Only float32 weights on the CPU are packed: oneDNN's bfloat16 reorder needs AVX-512 or
-AVX-NE-CONVERT, and FP8 layers have their own path (:mod:`edgecloud.quant.fp8`).
+AVX-NE-CONVERT, and FP8 layers have their own path (:mod:`edgecloud.engine.fp8`).
 The packed weight is an opaque oneDNN tensor; :meth:`PackedLinear.dense_weight` gives it
 back as an ordinary tensor for anything that needs to read it.
 """

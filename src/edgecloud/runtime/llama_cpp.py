@@ -1,7 +1,8 @@
 """Importing llama-cpp-python once, with its log levels read correctly.
 
 This module owns :func:`import_llama_cpp`, the one place edgecloud imports ``llama_cpp``
-(the llama.cpp backends and the torch engine's tokenizer). Besides a clear
+(the llama.cpp backends and the torch engine's tokenizer), and the two small helpers every
+llama.cpp user needs: :func:`token_piece` (a token's bytes) and :func:`physical_cores` (threads). Besides a clear
 :class:`~edgecloud.errors.BackendUnavailableError` when the package is missing, it installs a
 log callback that reads ggml's current level numbers (``NONE 0, DEBUG 1, INFO 2, WARN 3,
 ERROR 4, CONT 5``). llama-cpp-python 0.3.x still maps them by an older enum in which 3 was
@@ -18,13 +19,15 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import sys
 import threading
 from types import ModuleType
+from typing import Any
 
 from ..errors import BackendUnavailableError
 
-__all__ = ["GGML_LOG_LEVELS", "import_llama_cpp"]
+__all__ = ["GGML_LOG_LEVELS", "import_llama_cpp", "physical_cores", "token_piece"]
 
 #: ggml's log level numbers (ggml.h, ``enum ggml_log_level``) as Python logging levels.
 GGML_LOG_LEVELS: dict[int, int] = {
@@ -73,3 +76,25 @@ def import_llama_cpp(needed_by: str = "the llama.cpp edge backend") -> ModuleTyp
         if _callback is None:
             _install(llama_cpp)
     return llama_cpp
+
+
+def physical_cores() -> int:
+    """This machine's physical cores (psutil when installed, else the logical count): llama.cpp's threads."""
+    try:
+        import psutil
+
+        n = psutil.cpu_count(logical=False)
+    except ImportError:
+        n = None
+    return max(1, n or os.cpu_count() or 1)
+
+
+def token_piece(lib: Any, vocab: Any, token: int, *, special: bool = False) -> bytes:
+    """The bytes llama.cpp renders for ``token`` (control tokens as their text when ``special``,
+    else as nothing)."""
+    buf = ctypes.create_string_buffer(64)
+    n = lib.llama_token_to_piece(vocab, token, buf, 64, 0, special)
+    if n < 0:  # llama_token_to_piece answers -(needed size) when the buffer is short
+        buf = ctypes.create_string_buffer(-n)
+        n = lib.llama_token_to_piece(vocab, token, buf, -n, 0, special)
+    return buf.raw[:n]

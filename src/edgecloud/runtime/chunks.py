@@ -2,7 +2,7 @@
 
 This module owns :class:`AnswerChunks`, the part of a decode loop that does not depend on the
 runtime: the role chunk, end-of-generation ids (unless ``ignore_eos``), text deltas through
-:class:`~edgecloud.edge.text_stream.TextStream` (whole UTF-8 characters, stop strings held
+:class:`~edgecloud.runtime.text_stream.TextStream` (whole UTF-8 characters, stop strings held
 back and never emitted), logprobs per token when asked (:func:`token_logprob`, a log-softmax of
 the runtime's logits), and the finish chunk with the reason, usage and route. The llama.cpp and
 ONNX Runtime backends run their model and sampler, and hand each new token here.

@@ -11,13 +11,12 @@ GGUF BPE/SPM tokenizers (pre-tokenizer regexes per model family, byte fallback, 
 parsing) would be a large, subtle copy; loading the same code from the same file makes the
 engine's tokens identical to the edge backend's *by construction*, which is what
 speculative decoding across the two and the parity tests need. Chat prompts are rendered with
-:class:`~edgecloud.edge.chat_template.ChatTemplate` and tokenized with special tokens parsed
+:class:`~edgecloud.runtime.chat_template.ChatTemplate` and tokenized with special tokens parsed
 and no extra BOS, exactly as llama-cpp-python's ``Jinja2ChatFormatter`` does.
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -26,9 +25,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ...edge.chat_template import ChatTemplate
-from ...edge.llamacpp_runtime import import_llama_cpp
-from ...errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
+from ..runtime.chat_template import ChatTemplate
+from ..runtime.llama_cpp import import_llama_cpp, token_piece
+from ..errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from .model import KVCache, Transformer
 
 __all__ = ["Tokenizer", "decode_one_token", "generate", "prefill", "sample", "sampling_probs"]
@@ -81,14 +80,7 @@ class Tokenizer:
         key = token if special else -1 - token
         piece = self._pieces.get(key)
         if piece is None:
-            size = 64
-            while True:  # llama_token_to_piece answers -(needed size) when the buffer is short
-                buf = ctypes.create_string_buffer(size)
-                n = self._lib.llama_token_to_piece(self._vocab, token, buf, size, 0, special)
-                if n >= 0:
-                    break
-                size = -n
-            piece = self._pieces[key] = buf.raw[:n]
+            piece = self._pieces[key] = token_piece(self._lib, self._vocab, token, special=special)
         return piece
 
     def token_text(self, token: int) -> str:

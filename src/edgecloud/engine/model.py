@@ -30,14 +30,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from ...errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError, ModelIntegrityError
+from ..errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError, ModelIntegrityError
 
-__all__ = ["PRECISIONS", "ROPE_STYLES", "KVCache", "ModelArgs", "Transformer", "apply_rope", "param_bytes"]
+__all__ = ["DEFAULT_N_CTX", "PRECISIONS", "ROPE_STYLES", "KVCache", "ModelArgs", "Transformer", "apply_rope", "param_bytes"]
 
 #: llama.cpp's rope type per GGUF architecture (``llama_model_rope_type`` in llama-model.cpp).
 ROPE_STYLES: dict[str, str] = {"llama": "normal", "qwen2": "neox"}
 #: ``from_gguf(precision=...)`` -> load dtype (``None``: keep ``dtype``; fp8 converts the block linears after loading).
 PRECISIONS: dict[str, torch.dtype | None] = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp8": None}
+
+#: Context served when neither ``n_ctx`` nor a smaller model limit says otherwise.
+DEFAULT_N_CTX = 4096
 
 
 @dataclass
@@ -384,7 +387,7 @@ class Transformer(nn.Module):
             raise ModelIntegrityError(f"{path}: tensors do not match a {args.arch} model: {exc}") from exc
         model.inv_freq = model._inv_freq(freq_factors).to(device)
         if precision == "fp8":
-            from ...quant import convert_to_fp8
+            from .fp8 import convert_to_fp8
 
             convert_to_fp8(model, keep=fp8_skip)
         model.load_seconds = time.perf_counter() - start

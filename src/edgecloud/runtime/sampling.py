@@ -1,0 +1,71 @@
+"""Sampling defaults and the one mapping from a request's options to sampler settings.
+
+Every runtime (llama.cpp, ONNX Runtime, the torch engine on either side) reads a request's
+sampling options through :func:`sampling_params`, so a field left out means the same
+everywhere: OpenAI's defaults (temperature 1, top-p 1), llama.cpp's penalty window.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import InvalidRequestError
+
+__all__ = [
+    "DEFAULT_TEMPERATURE",
+    "DEFAULT_TOP_P",
+    "PENALTY_LAST_N",
+    "SamplingParams",
+    "sampling_params",
+]
+
+#: OpenAI's defaults when a request leaves them out.
+DEFAULT_TEMPERATURE = 1.0
+DEFAULT_TOP_P = 1.0
+#: How many recent tokens presence/frequency penalties look at (llama.cpp's default).
+PENALTY_LAST_N = 64
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence samples and when it stops."""
+
+    max_new_tokens: int
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop_at_eog: bool = True
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    #: The request's speculation limits: a proposer name or "off" (None: the server's choice), and a cap on k.
+    spec_mode: str | None = None
+    spec_k_max: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_new_tokens}", param="max_tokens")
+
+    @property
+    def greedy(self) -> bool:
+        """True when the next token is always the most likely one."""
+        return self.temperature == 0.0
+
+    @property
+    def penalised(self) -> bool:
+        """True when presence or frequency penalties change the logits."""
+        return bool(self.presence_penalty or self.frequency_penalty)
+
+
+def sampling_params(request: Any, max_new_tokens: int, **extra: Any) -> SamplingParams:
+    """The request's sampling options (a chat or completions request) with the defaults filled in."""
+    return SamplingParams(
+        max_new_tokens=max_new_tokens,
+        temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+        top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        seed=request.seed,
+        stop_at_eog=not getattr(request, "ignore_eos", False),
+        presence_penalty=getattr(request, "presence_penalty", None) or 0.0,
+        frequency_penalty=getattr(request, "frequency_penalty", None) or 0.0,
+        **extra,
+    )
