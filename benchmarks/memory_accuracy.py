@@ -1,9 +1,10 @@
 """How close is the memory planner to what llama.cpp really uses?
 
 For each model and context size: plan it (``edgecloud.edge.memory.plan(model, "this", ctx=n)``),
-then in a FRESH subprocess load the model with exactly ``plan.llama_kwargs()``, evaluate a
-prompt of nearly ``n`` tokens (so every KV page is written) plus a few generated tokens, and
-read the subprocess's peak RSS (``VmHWM``). Prints one JSON object on stdout and writes it
+then in a FRESH subprocess load it through the SDK's own :class:`LlamaCppBackend` (what an app
+runs: its imports, its device detection, its planned llama.cpp settings), answer one request
+whose prompt fills nearly ``n`` tokens (so every KV page is written) with a few generated
+tokens, and read the subprocess's peak RSS (``VmHWM``). Prints one JSON object on stdout and writes it
 to ``benchmarks/results/memory_accuracy.json``.
 
 Each measurement holds ``flock /tmp/edgecloud-bench.lock`` so it never overlaps another
@@ -36,11 +37,11 @@ CONTEXTS = (512, 2048, 8192)
 RESULTS = Path(__file__).resolve().parent / "results" / "memory_accuracy.json"
 TOLERANCE = 0.10
 
-# Runs in the fresh subprocess: load, fill the context, report peak RSS and llama.cpp's log.
+# Runs in the fresh subprocess: the SDK's own backend loads the model as an app would, one
+# request fills the context, and the process reports its peak RSS.
 CHILD = r"""
 import json, resource, sys
-path, kwargs = sys.argv[1], json.loads(sys.argv[2])
-import llama_cpp
+path, n_ctx = sys.argv[1], int(sys.argv[2])
 def high_water_mark():
     # VmHWM belongs to this process image; ru_maxrss survives execve and would report the
     # parent's peak when the parent (e.g. a pytest run that already loaded models) is larger.
@@ -52,26 +53,34 @@ def high_water_mark():
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+from edgecloud import ChatRequest
+from edgecloud.edge.llamacpp import LlamaCppBackend
 rss_before_load = high_water_mark()
-llm = llama_cpp.Llama(model_path=path, verbose=bool(int(sys.argv[3])), **kwargs)
-n_ctx = llm.n_ctx()
+backend = LlamaCppBackend(path, n_ctx=n_ctx, reuse_prefix=False, verbose=bool(int(sys.argv[3])))
+backend.load()
 words = ("the quick brown fox jumps over a lazy dog while seven wizards quietly hex "
          "every bold jumping zebra near 42 old lighthouses and 17 rivers ").split()
-text = " ".join(words[(i * 7) % len(words)] + str(i % 97) for i in range(n_ctx * 2))
-tokens = llm.tokenize(text.encode())[: max(1, n_ctx - 8)]
-llm.eval(tokens)
-for _ in range(4):
-    tok = llm.sample(temp=0.0)
-    llm.eval([tok])
+want = n_ctx - 12  # room for 4 answer tokens
+count = want
+for _ in range(4):  # fit the prompt to the context: the chat template adds its own tokens
+    text = " ".join(words[(i * 7) % len(words)] + str(i % 97) for i in range(count))
+    got = len(backend.tokenize_chat([{"role": "user", "content": text}]))
+    if got <= want and got > want - 24:
+        break
+    count = max(1, int(count * want / got) - (1 if got > want else 0))
+request = ChatRequest(messages=[{"role": "user", "content": text}], max_tokens=4, temperature=0, ignore_eos=True)
+answer = backend.complete(request)
 peak = high_water_mark()
-print(json.dumps({"peak_rss": peak, "rss_before_load": rss_before_load, "n_ctx": n_ctx, "n_past": llm.n_tokens}))
+print(json.dumps({"peak_rss": peak, "rss_before_load": rss_before_load, "n_ctx": backend.n_ctx,
+                  "n_past": answer.usage.prompt_tokens + answer.usage.completion_tokens,
+                  "llama_kwargs": {k: v for k, v in backend.llama_kwargs.items() if isinstance(v, (int, float, str, bool))}}))
 """
 
-def measure(path: Path, kwargs: dict[str, Any], *, verbose: bool = False, timeout: float = 3600) -> dict[str, Any]:
-    """Peak RSS of a fresh process that loads ``path`` with ``kwargs`` and fills its context."""
+def measure(path: Path, n_ctx: int, *, verbose: bool = False, timeout: float = 3600) -> dict[str, Any]:
+    """Peak RSS of a fresh process whose ``LlamaCppBackend`` loads ``path`` at ``n_ctx`` and fills it."""
     with bench_lock():
         proc = subprocess.run(
-            [sys.executable, "-c", CHILD, str(path), json.dumps(kwargs), "1" if verbose else "0"],
+            [sys.executable, "-c", CHILD, str(path), str(n_ctx), "1" if verbose else "0"],
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -90,7 +99,7 @@ def run(models: list[str], contexts: list[int]) -> dict[str, Any]:
         for n in contexts:
             p = plan(path, "this", ctx=n)
             started = time.perf_counter()
-            got = measure(path, p.llama_kwargs())
+            got = measure(path, n)
             measured = got["peak_rss"]
             ratio = p.total_bytes / measured
             points.append(

@@ -185,7 +185,7 @@ class SerialBackend(Backend):
             self._owner = me
             try:
                 if self._closed:
-                    raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one")
+                    raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one", cause="closed")
                 yield
             finally:
                 self._owner = None

@@ -40,7 +40,7 @@ def label_command(
     the outcome file joins the tasks both sides have answered.
     """
     from ..edge.llamacpp import LlamaCppBackend
-    from ..edge.llamacpp_batch import BatchedGreedy
+    from ..runtime.llamacpp_batch import BatchedGreedy
     from ..router.label import label_side, merge_outcomes
     from ..router.tasks import load_tasks
 
@@ -77,7 +77,7 @@ def label_command(
 
 def _fit_ctx(model: str, tasks: list[Task], threads: int) -> int:
     """The per-sequence context every task fits in: its templated prompt plus max_tokens, in 256-token steps."""
-    from ..edge.llamacpp_batch import BatchedGreedy
+    from ..runtime.llamacpp_batch import BatchedGreedy
 
     with BatchedGreedy(model, parallel=1, n_ctx=256, threads=threads) as probe:
         need = max((len(probe.encode(t.messages)) + t.max_tokens for t in tasks), default=256)

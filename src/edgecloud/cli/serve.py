@@ -26,7 +26,7 @@ def pick_device_and_precision(precision: str) -> tuple[str, str]:
     """``auto`` → FP8 where matmuls run natively in FP8, bf16 on other GPUs, fp32 on the CPU."""
     import torch
 
-    from ..quant.fp8 import scaled_mm_supported
+    from ..engine.fp8 import scaled_mm_supported
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     if precision != "auto":

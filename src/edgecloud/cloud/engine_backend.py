@@ -208,7 +208,7 @@ class TorchEngineBackend(Backend):
             return
         with self._load_lock:
             if self._closed:
-                raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one")
+                raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one", cause="closed")
             if self._scheduler is None:
                 self._load()
 

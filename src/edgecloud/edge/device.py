@@ -13,6 +13,10 @@ in :data:`PROFILES` says where its number comes from.
 from __future__ import annotations
 
 import os
+import platform
+import shutil
+import subprocess
+import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +26,7 @@ from ..runtime.llama_cpp import physical_cores
 __all__ = ["DeviceProfile", "PROFILES", "get_device", "detect_device", "device_names"]
 
 GiB = 1024**3
+MiB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,8 @@ PROFILES: dict[str, DeviceProfile] = {
 #: What ``this`` leaves for the rest of the machine: 10% of the available memory (page
 #: cache the model's own file needs, other processes growing while the model runs).
 _THIS_HEADROOM = 0.10
+#: Share of RAM Metal lets one process use on Apple silicon (recommendedMaxWorkingSetSize, ~2/3).
+_METAL_WORKING_SET = 0.66
 
 
 def _memory() -> tuple[int, int]:
@@ -138,11 +145,7 @@ def _memory() -> tuple[int, int]:
 
 
 def _torch_gpu() -> tuple[int, bool, str | None]:
-    """(gpu bytes, unified, backend) when torch is importable and sees a GPU; never imports it otherwise."""
-    import importlib.util
-
-    if importlib.util.find_spec("torch") is None:
-        return 0, False, None
+    """(gpu bytes, unified, backend) as torch sees them; called only once torch is imported."""
     try:
         import torch
     except Exception:  # a broken torch install must not break planning
@@ -160,15 +163,45 @@ def _torch_gpu() -> tuple[int, bool, str | None]:
     return 0, False, None
 
 
+def _nvidia_free_bytes() -> int:
+    """Free memory of the first NVIDIA GPU as ``nvidia-smi`` reports it (0 when there is none)."""
+    if not os.path.exists("/proc/driver/nvidia/gpus") and shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=5, check=True,
+        ).stdout
+        return int(float(out.split()[0]) * MiB)
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
+def _gpu(total_ram: int) -> tuple[int, bool, str | None]:
+    """(gpu bytes, unified, backend), without importing torch.
+
+    Importing torch to look for a GPU costs a llama.cpp process ~180 MiB of resident memory
+    that it never uses, so torch is asked only when the process already imported it (the torch
+    backends do). Otherwise: NVIDIA through ``nvidia-smi``; Apple silicon as unified memory with
+    Metal's usual working-set limit (about two thirds of RAM).
+    """
+    if "torch" in sys.modules:
+        return _torch_gpu()
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return int(total_ram * _METAL_WORKING_SET), True, "metal"
+    free = _nvidia_free_bytes()
+    return (free, False, "cuda") if free else (0, False, None)
+
+
 def detect_device() -> DeviceProfile:
-    """A profile for this machine: 90% of MemAvailable, physical cores, a GPU only if torch sees one.
+    """A profile for this machine: 90% of MemAvailable, physical cores, and its GPU (see :func:`_gpu`).
 
     A CUDA GPU offers its free memory; Apple MPS offers Metal's recommended working set
     (unified memory). llama.cpp itself may be built without GPU support, in which case the
     planned ``gpu_layers`` are simply ignored by the runtime.
     """
     total, available = _memory()
-    gpu_bytes, unified, backend = _torch_gpu()
+    gpu_bytes, unified, backend = _gpu(total)
     budget = max(1, int(available * (1 - _THIS_HEADROOM)))
     if unified:
         gpu_bytes = min(gpu_bytes, budget)

@@ -267,7 +267,7 @@ class LlamaCppBackend(SerialBackend):
         """Context size, batch and KV settings: the memory plan, then explicit overrides."""
         plan = plan_memory(path, device=self.device, ctx=self._n_ctx_request, kv_cache_type=self._kv_cache_type)
         if not plan.fits:
-            raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}")
+            raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}", cause="out_of_memory")
         kwargs: dict[str, Any] = plan.llama_kwargs()
         kwargs["n_ctx"] = self._n_ctx_request or plan.n_ctx
         for key in ("type_k", "type_v"):
@@ -489,7 +489,7 @@ class LlamaCppBackend(SerialBackend):
                 raise
             except Exception as exc:
                 self._forget_context()
-                raise BackendError(f"llama.cpp failed while generating: {exc}") from exc
+                raise BackendError(f"llama.cpp failed while generating: {exc}", cause="runtime_error") from exc
             finally:
                 if sampler is not None:
                     sampler.close()

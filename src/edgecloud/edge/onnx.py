@@ -197,7 +197,7 @@ class OnnxBackend(SerialBackend):
         manifest = load_manifest(self.path)
         plan = plan_onnx(self.path, device=self.device, ctx=self._n_ctx_request)
         if not plan.fits:
-            raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}")
+            raise BackendUnavailableError(f"{self.model_name} does not fit this device: {plan.reason}", cause="out_of_memory")
         og = _import_genai()
         config = og.Config(str(self.path))
         threads = {"intra_op_num_threads": self.n_threads, "inter_op_num_threads": 1}
@@ -280,7 +280,7 @@ class OnnxBackend(SerialBackend):
                 raise
             except Exception as exc:
                 self._generator, self._context = None, []
-                raise BackendError(f"onnxruntime-genai failed while generating: {exc}") from exc
+                raise BackendError(f"onnxruntime-genai failed while generating: {exc}", cause="runtime_error") from exc
 
     def _decode(self, request: ChatRequest, prompt: list[int], max_new: int) -> Iterator[ChatCompletionChunk]:
         assert self._vocab is not None

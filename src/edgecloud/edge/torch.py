@@ -313,7 +313,7 @@ class TorchBackend(SerialBackend):
                 generated.clear()
                 self._cache.truncate(0)
                 raise BackendError(
-                    f"the torch backend failed while generating on {self.device}: {exc}", cause="edge_error"
+                    f"the torch backend failed while generating on {self.device}: {exc}", cause="runtime_error"
                 ) from exc
             finally:
                 # the cache holds the prompt and the answer up to its last decoded token
