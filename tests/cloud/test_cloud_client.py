@@ -349,14 +349,37 @@ def test_retry_after_beyond_the_cap_raises_at_once(scripted: ScriptedServer) -> 
         (404, ModelNotFoundError),
         (422, InvalidRequestError),
         (500, BackendError),
-        (502, BackendUnavailableError),
     ],
 )
 def test_status_codes_map_to_the_error_tree(scripted: ScriptedServer, status: int, error_class: type) -> None:
     scripted.script(json_reply(status, ERROR))
     with fast(scripted.url) as cloud, pytest.raises(error_class, match="the engine is warming up"):
         cloud.complete(GREEDY)
-    assert len(scripted.hits) == 1  # not retried
+    assert len(scripted.hits) == 1  # not retried: the same request would fail the same way
+
+
+@pytest.mark.parametrize("status", [502, 503, 504])
+def test_gateway_and_overload_statuses_are_retried_then_unavailable(scripted: ScriptedServer, status: int) -> None:
+    scripted.script(json_reply(status, ERROR))
+    with fast(scripted.url, max_retries=2) as cloud, pytest.raises(BackendUnavailableError) as info:
+        cloud.complete(GREEDY)
+    assert len(scripted.hits) == 3 and info.value.cause == "server_error"
+
+
+def test_injected_transport_is_used() -> None:
+    import httpx
+
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(503, json=ERROR)
+
+    with CloudBackend("http://cloud.invalid", "m", api_key=KEY, max_retries=0,
+                      transport=httpx.MockTransport(handler)) as cloud, pytest.raises(BackendUnavailableError):
+        cloud.complete(GREEDY)
+    assert len(seen) == 1 and seen[0].headers["authorization"] == f"Bearer {KEY}"
+    assert str(seen[0].url) == "http://cloud.invalid/v1/chat/completions"
 
 
 def test_400_keeps_the_param(scripted: ScriptedServer) -> None:

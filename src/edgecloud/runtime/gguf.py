@@ -23,6 +23,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from ..errors import ModelIntegrityError
 
 __all__ = ["ModelSpec", "GGUFHeader", "read_gguf_spec", "read_gguf_header", "GGML_TYPE_SIZES", "GGUFHeaderReader"]
@@ -33,40 +35,10 @@ _DEFAULT_ALIGNMENT = 32
 #: otherwise make us read the whole file).
 _MAX_HEADER_BYTES = 256 * 1024 * 1024
 
-#: ggml type id -> (name, elements per block, bytes per block). From ggml.h / gguf-py.
+#: ggml type id -> (name, elements per block, bytes per block): gguf-py's own table
+#: (``gguf.GGML_QUANT_SIZES``), so a type ggml adds arrives with the ``gguf`` package.
 GGML_TYPE_SIZES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66),
-    17: ("IQ2_XS", 256, 74),
-    18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50),
-    20: ("IQ4_NL", 32, 18),
-    21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82),
-    23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1),
-    25: ("I16", 1, 2),
-    26: ("I32", 1, 4),
-    27: ("I64", 1, 8),
-    28: ("F64", 1, 8),
-    29: ("IQ1_M", 256, 56),
-    30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54),
-    35: ("TQ2_0", 256, 66),
-    39: ("MXFP4", 32, 17),
+    int(kind): (kind.name, *GGML_QUANT_SIZES[kind]) for kind in GGMLQuantizationType if kind in GGML_QUANT_SIZES
 }
 
 # GGUF metadata value types -> struct format (scalars) ; 8 = string, 9 = array.
