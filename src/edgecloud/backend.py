@@ -69,6 +69,9 @@ class Backend(ABC):
     n_ctx: int | None = None
     #: The API root of a remote backend (None for local runtimes).
     base_url: str | None = None
+    #: The backend's own Prometheus metrics (a serving engine keeps them; None: the server
+    #: measures requests itself).
+    metrics: Any = None
 
     @abstractmethod
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:

@@ -6,8 +6,12 @@ highest priority first::
 
     keyword overrides  >  EDGECLOUD_* environment  >  edgecloud.toml  >  defaults
 
-Environment names take the ``EDGECLOUD_`` prefix and ``__`` between a section and its key
-(``EDGECLOUD_ROUTER__PII=redact``). The file is the ``config`` argument when it is a path,
+The layers are pydantic-settings sources (``InitSettingsSource`` for the overrides,
+``EnvSettingsSource``, ``TomlConfigSettingsSource``) put in that order by
+:meth:`EdgeCloudSettings.settings_customise_sources`, and merged section by section by
+pydantic-settings itself. This module adds only what those do not say: which file, and where
+a bad value came from. Environment names take the ``EDGECLOUD_`` prefix and ``__`` between a
+section and its key (``EDGECLOUD_ROUTER__PII=redact``). The file is the ``config`` argument when it is a path,
 else ``$EDGECLOUD_CONFIG``, else ``./edgecloud.toml`` when it exists. Every field is
 documented once, in its ``Field(description=...)``; :func:`to_toml_example` renders those
 as a commented example file.
@@ -24,6 +28,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
@@ -31,7 +36,15 @@ from typing import Annotated, Any, Literal, get_args
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, SecretStr, ValidationError, ValidationInfo
 from pydantic import field_validator
 from pydantic.fields import FieldInfo
-from pydantic_settings import BaseSettings, EnvSettingsSource, NoDecode, SettingsConfigDict
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    NoDecode,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
 from pydantic_settings.exceptions import SettingsError
 
 from .cloud.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_RETRIES
@@ -173,6 +186,20 @@ class EdgeCloudSettings(BaseSettings):
     fallback: FallbackSettings = Field(default_factory=FallbackSettings, description="Failures and fallback.")
     prices: Prices = Field(default_factory=Prices, description="Prices for cost reporting.")
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """Arguments first, then what :func:`load_settings` chose (the environment, then the
+        TOML file), else the environment alone."""
+        lower = _LOWER_SOURCES.get()
+        return (init_settings, *(lower if lower is not None else (env_settings,)))
+
     @field_validator("edge_model", "cloud_model", mode="before")
     @classmethod
     def _empty_is_none(cls, value: Any) -> Any:
@@ -199,13 +226,17 @@ _SECRETS = {"cloud_api_key"}
 
 # ---------------------------------------------------------------------------------- layers
 
+#: The sources below the arguments for the settings being built now (set by load_settings).
+_LOWER_SOURCES: ContextVar[tuple[PydanticBaseSettingsSource, ...] | None] = ContextVar("_LOWER_SOURCES", default=None)
+
 
 @dataclass
 class _Layer:
-    """One source of settings: its nested dict, and how to name it in an error."""
+    """One source of settings: the source, its data, and how to name it in an error."""
 
     source: str
     data: dict[str, Any]
+    settings_source: PydanticBaseSettingsSource | None = None
 
     def describe(self, path: tuple[Any, ...]) -> str:
         return self.source
@@ -222,39 +253,50 @@ class _EnvLayer(_Layer):
         return "the environment"
 
 
-def _read_toml(path: Path, named_by: str) -> dict[str, Any]:
-    if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
-        raise ConfigError(f"reading {path} on Python 3.10 needs tomli: pip install tomli")
-    try:
-        with path.open("rb") as fh:
-            data = tomllib.load(fh)
-    except FileNotFoundError as exc:
-        raise ConfigError(f"config file {path} ({named_by}) does not exist; fix the path") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path} ({named_by}): {exc}") from exc
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"{path}: invalid TOML: {exc}; fix the syntax") from exc
-    router = data.get("router")
-    if isinstance(router, dict) and isinstance(router.get("scorer_path"), str):
-        # A path written in a file means "next to this file", wherever the program runs from.
-        scorer = Path(router["scorer_path"]).expanduser()
-        router["scorer_path"] = str(scorer if scorer.is_absolute() else path.parent / scorer)
-    return data
+class _TomlFile(TomlConfigSettingsSource):
+    """``edgecloud.toml`` as a pydantic-settings source, with the errors a user can act on: a file
+    that was named but is missing, unreadable or not TOML is a ConfigError; a ``scorer_path``
+    written in the file means "next to this file", wherever the program runs from."""
+
+    def __init__(self, path: Path, named_by: str) -> None:
+        if tomllib is None:  # pragma: no cover - Python 3.10 without tomli
+            raise ConfigError(f"reading {path} on Python 3.10 needs tomli: pip install tomli")
+        if not path.is_file():
+            raise ConfigError(f"config file {path} ({named_by}) does not exist; fix the path")
+        try:
+            super().__init__(EdgeCloudSettings, toml_file=path, deep_merge=True)
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path} ({named_by}): {exc}") from exc
+        except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+            raise ConfigError(f"{path}: invalid TOML: {exc}; fix the syntax") from exc
+        router = self.toml_data.get("router")
+        if isinstance(router, dict) and isinstance(router.get("scorer_path"), str):
+            scorer = Path(router["scorer_path"]).expanduser()
+            router["scorer_path"] = str(scorer if scorer.is_absolute() else path.parent / scorer)
+            self.init_kwargs = self.toml_data
+
+
+def _source_layer(name: str, source: PydanticBaseSettingsSource, layer: type[_Layer] = _Layer) -> _Layer:
+    return layer(name, source(), source)
+
+
+def _mapping_layer(name: str, data: Mapping[str, Any]) -> _Layer:
+    return _source_layer(name, InitSettingsSource(EdgeCloudSettings, init_kwargs=_plain(data)))
 
 
 def _file_layer(config: Any) -> _Layer | None:
     """The TOML layer: ``config`` (a path or mapping), else $EDGECLOUD_CONFIG, else ./edgecloud.toml."""
     if isinstance(config, Mapping):
-        return _Layer("the config mapping", _plain(config))
+        return _mapping_layer("the config mapping", config)
     if config is not None:
         path = Path(os.fspath(config)).expanduser()
-        return _Layer(str(path), _read_toml(path, "the config argument"))
+        return _source_layer(str(path), _TomlFile(path, "the config argument"))
     if os.environ.get(CONFIG_ENV):
         path = Path(os.environ[CONFIG_ENV]).expanduser()
-        return _Layer(str(path), _read_toml(path, f"environment variable {CONFIG_ENV}"))
+        return _source_layer(str(path), _TomlFile(path, f"environment variable {CONFIG_ENV}"))
     default = Path(DEFAULT_CONFIG_FILE)
     if default.is_file():
-        return _Layer(str(default.resolve()), _read_toml(default, "found in the working directory"))
+        return _source_layer(str(default.resolve()), _TomlFile(default, "found in the working directory"))
     return None
 
 
@@ -284,10 +326,9 @@ def _check_env_names() -> None:
 def _env_layer() -> _Layer:
     _check_env_names()
     try:
-        data = EnvSettingsSource(EdgeCloudSettings)()
+        return _source_layer("the environment", EnvSettingsSource(EdgeCloudSettings), _EnvLayer)
     except SettingsError as exc:
         raise ConfigError(f"cannot parse an {ENV_PREFIX}* environment variable: {exc}") from exc
-    return _EnvLayer("the environment", data)
 
 
 def _plain(value: Any, *, drop_none: bool = False) -> Any:
@@ -299,17 +340,6 @@ def _plain(value: Any, *, drop_none: bool = False) -> Any:
             str(k): _plain(v, drop_none=drop_none) for k, v in value.items() if not (drop_none and v is None)
         }
     return value
-
-
-def _merge(base: dict[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """``top`` over ``base``, section by section and field by field."""
-    out = dict(base)
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = _merge(out[key], value)
-        else:
-            out[key] = value
-    return out
 
 
 # ---------------------------------------------------------------------------------- errors
@@ -379,21 +409,23 @@ def load_settings(
     fields it set count) merge field by field over the lower layers. Raises
     :class:`~edgecloud.errors.ConfigError` for a missing file, bad TOML, or a bad value.
     """
-    layers: list[_Layer]
+    lower: list[_Layer]  # lowest priority first
     if isinstance(config, EdgeCloudSettings):
-        layers = [_Layer("the given settings", config.model_dump())]
+        lower = [_mapping_layer("the given settings", config.model_dump())]
     else:
         file_layer = _file_layer(config)
-        layers = [*([file_layer] if file_layer else []), _env_layer()]
-    layers.append(_Layer("argument", _plain(overrides, drop_none=True)))
-    merged: dict[str, Any] = {}
-    for layer in layers:
-        merged = _merge(merged, layer.data)
+        lower = [*([file_layer] if file_layer else []), _env_layer()]
+    given = _plain(overrides, drop_none=True)
+    layers = [*lower, _Layer("argument", given)]
+    token = _LOWER_SOURCES.set(tuple(layer.settings_source for layer in reversed(lower) if layer.settings_source))
     try:
-        # model_validate, unlike EdgeCloudSettings(), does not read the environment again.
-        return EdgeCloudSettings.model_validate(merged)
+        return EdgeCloudSettings(**given)
     except ValidationError as exc:
         raise _config_error(exc, layers) from exc
+    except SettingsError as exc:
+        raise ConfigError(f"cannot read the settings: {exc}") from exc
+    finally:
+        _LOWER_SOURCES.reset(token)
 
 
 def _toml_value(value: Any) -> str:

@@ -12,13 +12,21 @@ with a 400 that says so rather than silently ignored.
 from __future__ import annotations
 
 import uuid
-from typing import Any, Literal
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..types import FinishReason, RouteInfo, StreamOptions, Usage, _Validated, check_stop
 
-__all__ = ["Completion", "CompletionChoice", "CompletionChunk", "CompletionRequest", "new_text_completion_id"]
+__all__ = [
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionRequest",
+    "CompletionsBackend",
+    "new_text_completion_id",
+]
 
 #: OpenAI's default ``max_tokens`` for /v1/completions.
 DEFAULT_COMPLETION_TOKENS = 16
@@ -119,3 +127,12 @@ CompletionChunk = Completion
 
 def new_text_completion_id() -> str:
     return f"cmpl-{uuid.uuid4().hex[:24]}"
+
+
+@runtime_checkable
+class CompletionsBackend(Protocol):
+    """A backend that also continues raw text (``POST /v1/completions``): the torch engine does."""
+
+    def astream_completion(self, request: CompletionRequest) -> AsyncIterator[Completion]:
+        """The prompt continued as is, as ``text_completion`` chunks."""
+        ...

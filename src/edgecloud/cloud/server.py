@@ -45,7 +45,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -66,7 +66,7 @@ from ..errors import (
 from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..observability.server_metrics import ServerMetrics
 from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, now
-from .completions import Completion, CompletionRequest
+from .completions import Completion, CompletionRequest, CompletionsBackend
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
 
@@ -208,7 +208,7 @@ def create_app(
     app = FastAPI(title="edgecloud", docs_url=None, redoc_url=None, openapi_url=None)
     created = now()
     expected_key = api_key.encode() if api_key else None
-    engine_metrics = getattr(backend, "metrics", None)
+    engine_metrics = backend.metrics
     metrics: ServerMetrics = engine_metrics if isinstance(engine_metrics, ServerMetrics) else ServerMetrics(model_name)
     observe = metrics is not engine_metrics  # the server measures requests itself
     in_flight = [0]
@@ -277,15 +277,12 @@ def create_app(
             check_key(request)
             body = CompletionRequest.parse(await _read_json(request, max_body_bytes))
             check_model(body.model)
-            astream_completion: Callable[[CompletionRequest], AsyncIterator[Completion]] | None = getattr(
-                backend, "astream_completion", None
-            )
-            if astream_completion is None:
+            if not isinstance(backend, CompletionsBackend):
                 raise InvalidRequestError(
                     f"/v1/completions is not served by the {backend.name} runtime; use /v1/chat/completions "
                     "or serve with the torch engine (edgecloud serve --runtime torch)"
                 )
-            chunks = _observed(astream_completion(body))
+            chunks = _observed(backend.astream_completion(body))
             if not body.stream:
                 return Response((await _collect_text(chunks)).model_dump_json(), media_type="application/json")
             return await _start_stream(chunks, body.stream_options)
@@ -386,7 +383,7 @@ def serve(
     """
     import uvicorn
 
-    name = model_name or str(getattr(backend, "model_name", "") or backend.name)
+    name = model_name or backend.model_name or backend.name
     backend.load()
     app = create_app(backend, model_name=name, api_key=api_key, max_body_bytes=max_body_bytes)
     try:
