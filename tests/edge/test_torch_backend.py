@@ -145,10 +145,16 @@ def test_astream_yields_the_same_answer(fallback_backend: TorchBackend) -> None:
     assert "".join(c.text for c in chunks) == fallback_backend.complete(ask(QUESTION, temperature=0, max_tokens=8)).text
 
 
-def test_refused_options_and_overflow(backend: TorchBackend) -> None:
+def test_logprobs_refused_options_and_overflow(backend: TorchBackend) -> None:
+    answer = backend.complete(ask(QUESTION, temperature=0, max_tokens=6, logprobs=True, top_logprobs=2))
+    entries = answer.choices[0].logprobs.content
+    assert len(entries) == answer.usage.completion_tokens
+    # greedy: each chosen token is the most likely one, and it is listed first among the alternatives
+    assert all(e.logprob <= 0 and e.top_logprobs[0].logprob == pytest.approx(e.logprob, abs=1e-5) for e in entries)
+    assert "".join(e.token for e in entries).strip() == answer.text.strip()
     with pytest.raises(InvalidRequestError) as info:
-        backend.complete(ask(QUESTION, logprobs=True))
-    assert info.value.param == "logprobs"
+        backend.complete(ask(QUESTION, presence_penalty=0.5))
+    assert info.value.param == "presence_penalty"
     with pytest.raises(ContextOverflowError):
         backend.complete(ask("word " * 2000, max_tokens=8))
     assert backend.complete(ask(QUESTION, temperature=0, max_tokens=4)).text

@@ -3,7 +3,6 @@ every metadata key and value, every tensor's name, shape, type and offset, and t
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np

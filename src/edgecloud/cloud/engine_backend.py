@@ -19,9 +19,8 @@ not implement (logprobs, presence/frequency penalties) fail with
 On a CPU with float32 weights the linear layers are switched to oneDNN's prepacked matmuls
 (:func:`~edgecloud.engine.pack_linears`), which keep small decode batches cheap.
 
-The request-to-chunks pieces (:class:`Answer`, :class:`ChatChunks`, :func:`reject_unsupported`,
-:func:`sampling_params`) do not depend on the scheduler; the torch edge backend
-(:mod:`edgecloud.edge.torch`) streams its single-sequence loop through them too.
+Chunks come from :class:`~edgecloud.runtime.chunks.AnswerChunks`, the one chunk builder every
+runtime uses; ``/v1/completions`` reshapes the same chunks as ``text_completion`` objects.
 """
 
 from __future__ import annotations
@@ -29,27 +28,22 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from ..engine.model import DEFAULT_N_CTX
 from ..store.catalogue import DEFAULT_MODEL
 from ..backend import Backend
 from ..runtime.sampling import SamplingParams, sampling_params
-from ..runtime.text_stream import TextStream
+from ..runtime.chunks import AnswerChunks
 from ..errors import BackendUnavailableError, ConfigError, ContextOverflowError, InvalidRequestError
 from ..observability.server_metrics import ServerMetrics
 from ..types import (
     ChatCompletionChunk,
     ChatRequest,
-    ChoiceDelta,
-    ChunkChoice,
     FinishReason,
     RouteInfo,
-    Usage,
-    new_completion_id,
-    now,
 )
 from .completions import Completion, CompletionChoice, CompletionRequest, new_text_completion_id
 from .speculative import LlamaDraftProposer, NgramProposer, Proposer, SpecConfig, Speculator
@@ -61,64 +55,8 @@ from .scheduler import (
     Sequence,
 )
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "DEFAULT_N_CTX",
-    "Answer",
-    "ChatChunks",
-    "Outcome",
-    "TorchEngineBackend",
-    "reject_unsupported",
-    "sampling_params",
-]
+__all__ = ["DEFAULT_MODEL", "DEFAULT_N_CTX", "TorchEngineBackend"]
 
-
-
-class Outcome(Protocol):
-    """How a sequence ended: the scheduler's :class:`Sequence`, or any loop that tracks the same two facts."""
-
-    finish_reason: str | None
-    cached_tokens: int
-
-
-def reject_unsupported(request: ChatRequest) -> None:
-    """InvalidRequestError naming the first option the torch engine does not implement."""
-    if request.logprobs:
-        raise InvalidRequestError("logprobs are not supported by the torch engine yet", param="logprobs")
-    for field in ("presence_penalty", "frequency_penalty"):
-        if getattr(request, field):
-            raise InvalidRequestError(f"{field} is not supported by the torch engine yet", param=field)
-
-
-class Answer:
-    """Turns one sequence's token ids into text deltas (stop strings held back) and a finish."""
-
-    def __init__(self, tokenizer: Any, stop: list[str], prompt_tokens: int, max_new: int) -> None:
-        self.tokenizer = tokenizer
-        self.text = TextStream(stop)
-        self.prompt_tokens = prompt_tokens
-        self.max_new = max_new
-        self.generated = 0
-
-    def push(self, token: int) -> str:
-        self.generated += 1
-        return self.text.push(self.tokenizer.token_to_piece(token, special=False))
-
-    @property
-    def stopped(self) -> bool:
-        return self.text.stopped
-
-    def finish(self, seq: Outcome) -> tuple[str, FinishReason, Usage]:
-        """The held-back tail, the finish reason and the usage."""
-        reason: FinishReason = "length" if seq.finish_reason == "length" and not self.stopped else "stop"
-        usage = Usage(
-            prompt_tokens=self.prompt_tokens,
-            completion_tokens=self.generated,
-            total_tokens=self.prompt_tokens + self.generated,
-            cached_tokens=seq.cached_tokens,
-            speculative=getattr(seq, "spec_summary", None),
-        )
-        return self.text.flush(), reason, usage
 
 
 class TorchEngineBackend(Backend):
@@ -304,17 +242,27 @@ class TorchEngineBackend(Backend):
 
     def _submit(
         self, request: ChatRequest | CompletionRequest, loop: asyncio.AbstractEventLoop | None
-    ) -> tuple[Sequence, Answer]:
+    ) -> tuple[Sequence, AnswerChunks, int]:
         scheduler = self.scheduler
+        tokenizer = self._tokenizer
         if isinstance(request, ChatRequest):
-            reject_unsupported(request)
-            prompt = self._tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            for option in ("logprobs", "presence_penalty", "frequency_penalty"):
+                if getattr(request, option):
+                    raise InvalidRequestError(f"{option} is not supported by the torch engine yet", param=option)
+            prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
         else:
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
-            prompt = self._tokenizer.encode(request.text, add_bos=True)
+            prompt = tokenizer.encode(request.text, add_bos=True)
         params = self._params(request, prompt)
         seq = scheduler.submit(prompt, params, loop=loop)
-        return seq, Answer(self._tokenizer, request.stop_sequences, len(prompt), params.max_new_tokens)
+        answer = AnswerChunks(request, self.model_name, self._route(),
+                              piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog)
+        return seq, answer, len(prompt)
+
+    @staticmethod
+    def _finish(seq: Sequence, answer: AnswerChunks, prompt_tokens: int) -> Iterator[ChatCompletionChunk]:
+        reason: FinishReason = "length" if seq.finish_reason == "length" else "stop"
+        return answer.finish(prompt_tokens, seq.cached_tokens, reason=reason, speculative=seq.spec_summary)
 
     def _route(self) -> RouteInfo:
         return RouteInfo(target="cloud", backend=self.name, reason=f"torch engine ({self.precision}, {self.device})")
@@ -323,119 +271,76 @@ class TorchEngineBackend(Backend):
 
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
         """Yield the answer as OpenAI-shaped chunks; closing the iterator cancels the sequence."""
-        return self._iterate(request, ChatChunks)
+        return self._iterate(request, _as_chat)
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Async twin of :meth:`stream`, fed by the scheduler without a worker thread."""
-        async for chunk in self._aiterate(request, ChatChunks):
+        async for chunk in self._aiterate(request, _as_chat):
             yield chunk
 
     def stream_completion(self, request: CompletionRequest) -> Iterator[Completion]:
         """``/v1/completions``: the prompt continued as is, as ``text_completion`` chunks."""
-        return self._iterate(request, _TextChunks)
+        return self._iterate(request, _TextShape())
 
     async def astream_completion(self, request: CompletionRequest) -> AsyncIterator[Completion]:
         """Async twin of :meth:`stream_completion`."""
-        async for chunk in self._aiterate(request, _TextChunks):
+        async for chunk in self._aiterate(request, _TextShape()):
             yield chunk
 
-    def _iterate(self, request: ChatRequest | CompletionRequest, chunks: type[_Chunks]) -> Iterator[Any]:
-        seq, answer = self._submit(request, None)
-        out = chunks(self.model_name, self._route(), answer)
+    def _iterate(self, request: ChatRequest | CompletionRequest, shape: _Shape) -> Iterator[Any]:
+        seq, answer, prompt_tokens = self._submit(request, None)
         try:
-            yield from out.start()
+            yield from shape(answer.start())
             for token in seq:
-                yield from out.push(token)
-                if answer.stopped:
+                for chunk in answer.push(token):
+                    yield from shape(chunk)
+                if answer.done:
                     break
-            yield from out.finish(seq)
+            for chunk in self._finish(seq, answer, prompt_tokens):
+                yield from shape(chunk)
         finally:
             seq.cancel()
 
-    async def _aiterate(self, request: ChatRequest | CompletionRequest, chunks: type[_Chunks]) -> AsyncIterator[Any]:
+    async def _aiterate(self, request: ChatRequest | CompletionRequest, shape: _Shape) -> AsyncIterator[Any]:
         await asyncio.to_thread(self.load)
-        seq, answer = self._submit(request, asyncio.get_running_loop())
-        out = chunks(self.model_name, self._route(), answer)
+        seq, answer, prompt_tokens = self._submit(request, asyncio.get_running_loop())
         try:
-            for chunk in out.start():
-                yield chunk
+            for out in shape(answer.start()):
+                yield out
             async for token in seq:
-                for chunk in out.push(token):
-                    yield chunk
-                if answer.stopped:
+                for chunk in answer.push(token):
+                    for out in shape(chunk):
+                        yield out
+                if answer.done:
                     break
-            for chunk in out.finish(seq):
-                yield chunk
+            for chunk in self._finish(seq, answer, prompt_tokens):
+                for out in shape(chunk):
+                    yield out
         finally:
             seq.cancel()
 
 
-class _Chunks:
-    """Builds one answer's response objects from its token ids (one subclass per response shape)."""
-
-    def __init__(self, model_name: str, route: RouteInfo, answer: Answer) -> None:
-        self.model, self.route, self.answer = model_name, route, answer
-        self.created = now()
-
-    def start(self) -> list[Any]:
-        return []
-
-    def push(self, token: int) -> list[Any]:
-        delta = self.answer.push(token)
-        return [self.delta(delta)] if delta else []
-
-    def delta(self, text: str) -> Any:
-        raise NotImplementedError
-
-    def finish(self, seq: Outcome) -> list[Any]:
-        raise NotImplementedError
+#: How an answer's chat chunks are handed out: as they are, or reshaped for /v1/completions.
+_Shape = Callable[[ChatCompletionChunk], list[Any]]
 
 
-class ChatChunks(_Chunks):
-    """``chat.completion.chunk`` objects: a role chunk, text deltas, a finish chunk with usage and route."""
-
-    def __init__(self, model_name: str, route: RouteInfo, answer: Answer) -> None:
-        super().__init__(model_name, route, answer)
-        self.id = new_completion_id()
-
-    def _chunk(self, delta: ChoiceDelta, finish: FinishReason | None = None, **extra: Any) -> ChatCompletionChunk:
-        return ChatCompletionChunk(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            choices=[ChunkChoice(delta=delta, finish_reason=finish)],
-            **extra,
-        )
-
-    def start(self) -> list[Any]:
-        return [self._chunk(ChoiceDelta(role="assistant", content=""), route=self.route)]
-
-    def delta(self, text: str) -> ChatCompletionChunk:
-        return self._chunk(ChoiceDelta(content=text))
-
-    def finish(self, seq: Outcome) -> list[Any]:
-        tail, reason, usage = self.answer.finish(seq)
-        chunks: list[Any] = [self.delta(tail)] if tail else []
-        chunks.append(self._chunk(ChoiceDelta(), reason, usage=usage, route=self.route))
-        return chunks
+def _as_chat(chunk: ChatCompletionChunk) -> list[ChatCompletionChunk]:
+    return [chunk]
 
 
-class _TextChunks(_Chunks):
-    """``text_completion`` objects: text pieces, then the last one with finish reason, usage and route."""
+class _TextShape:
+    """The same answer as ``text_completion`` objects: no role chunk; text pieces, then the last
+    one with the finish reason, usage and route."""
 
-    def __init__(self, model_name: str, route: RouteInfo, answer: Answer) -> None:
-        super().__init__(model_name, route, answer)
+    def __init__(self) -> None:
         self.id = new_text_completion_id()
 
-    def delta(self, text: str, finish: FinishReason | None = None, **extra: Any) -> Completion:
-        return Completion(
-            id=self.id,
-            created=self.created,
-            model=self.model,
-            choices=[CompletionChoice(text=text, finish_reason=finish)],
-            **extra,
-        )
-
-    def finish(self, seq: Outcome) -> list[Any]:
-        tail, reason, usage = self.answer.finish(seq)
-        return [self.delta(tail, reason, usage=usage, route=self.route)]
+    def __call__(self, chunk: ChatCompletionChunk) -> list[Completion]:
+        choice = chunk.choices[0]
+        if choice.delta.role and not choice.delta.content:
+            return []
+        return [Completion(
+            id=self.id, created=chunk.created, model=chunk.model,
+            choices=[CompletionChoice(text=choice.delta.content or "", finish_reason=choice.finish_reason)],
+            usage=chunk.usage, route=chunk.route if choice.finish_reason is not None else None,
+        )]

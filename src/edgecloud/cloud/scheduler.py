@@ -39,7 +39,6 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Iterator
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np

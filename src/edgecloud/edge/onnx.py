@@ -35,7 +35,6 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..backend import SerialBackend
 from ..errors import (
@@ -44,7 +43,6 @@ from ..errors import (
     ConfigError,
     EdgeCloudError,
     ModelIntegrityError,
-    ModelNotFoundError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
 from ..runtime.chat_template import ChatTemplate

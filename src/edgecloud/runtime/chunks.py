@@ -4,8 +4,10 @@ This module owns :class:`AnswerChunks`, the part of a decode loop that does not 
 runtime: the role chunk, end-of-generation ids (unless ``ignore_eos``), text deltas through
 :class:`~edgecloud.runtime.text_stream.TextStream` (whole UTF-8 characters, stop strings held
 back and never emitted), logprobs per token when asked (:func:`token_logprob`, a log-softmax of
-the runtime's logits), and the finish chunk with the reason, usage and route. The llama.cpp and
-ONNX Runtime backends run their model and sampler, and hand each new token here.
+the runtime's logits), and the finish chunk with the reason, usage and route. Every runtime
+that decodes token by token hands each new token here: llama.cpp, ONNX Runtime, Core ML, the
+torch edge backend and the cloud's torch engine (whose ``/v1/completions`` reshapes the same
+chunks as ``text_completion`` objects).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..types import (
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
+    FinishReason,
     RouteInfo,
     TokenLogprob,
     TopLogprob,
@@ -93,7 +96,7 @@ class AnswerChunks:
 
     def __init__(
         self,
-        request: ChatRequest,
+        request: ChatRequest | Any,
         model: str,
         route: RouteInfo,
         piece: Callable[[int], bytes],
@@ -102,8 +105,8 @@ class AnswerChunks:
         self.id, self.created, self.model, self.route = new_completion_id(), now(), model, route
         self._piece, self._is_eog = piece, is_eog
         self._ignore_eos = request.ignore_eos
-        self._want_logprobs = request.logprobs
-        self._top_n = (request.top_logprobs or 0) if request.logprobs else 0
+        self._want_logprobs = bool(request.logprobs)
+        self._top_n = (getattr(request, "top_logprobs", None) or 0) if request.logprobs else 0
         self._text = TextStream(request.stop_sequences)
         self._pending: list[TokenLogprob] = []
         self._parts: list[str] = []
@@ -155,16 +158,26 @@ class AnswerChunks:
         self._parts.append(delta)
         return [self._chunk(ChoiceDelta(content=delta))]
 
-    def finish(self, prompt_tokens: int, cached_tokens: int) -> Iterator[ChatCompletionChunk]:
-        """The held-back text, then the finish chunk with usage and route."""
+    def finish(
+        self, prompt_tokens: int, cached_tokens: int, *, reason: FinishReason | None = None,
+        speculative: dict[str, Any] | None = None,
+    ) -> Iterator[ChatCompletionChunk]:
+        """The held-back text, then the finish chunk with usage and route.
+
+        ``reason`` is how the runtime ended the sequence when it stopped it itself (a scheduler
+        that saw the end-of-generation token); an end seen here (:attr:`done`) takes precedence.
+        """
         tail = self._text.flush()
         if tail:
             self._parts.append(tail)
             yield self._chunk(ChoiceDelta(content=tail))
+        if reason is not None and not self.done:
+            self.finish_reason = reason
         usage = Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=self.generated,
             total_tokens=prompt_tokens + self.generated,
             cached_tokens=cached_tokens,
+            speculative=speculative,
         )
         yield self._chunk(ChoiceDelta(), finish=self.finish_reason, usage=usage)
