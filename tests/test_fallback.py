@@ -204,6 +204,24 @@ def test_no_fallback_mid_stream_when_disabled_and_typed_errors() -> None:
     assert edge.requests == []
 
 
+def test_mid_stream_skips_a_backend_that_cannot_continue() -> None:
+    class Restarts(Scripted):
+        supports_continuation = False
+
+    cloud = Scripted("cloud", ["Once"], BackendError("cut off", cause="disconnected"))
+    fresh_only = Restarts("edge-a", ["Once upon a time."])
+    edge = Scripted("edge-b", [" upon a time."])
+    route = RouteInfo(target="cloud", backend="")
+    stream = FailoverStream([_attempt("cloud", cloud), _attempt("edge", fresh_only), _attempt("edge", edge)],
+                            REQUEST, route)
+    assert "".join(c.text for c in stream) == "Once upon a time."
+    assert fresh_only.requests == [] and stream.skipped == ["edge-a: cannot continue a partial answer"]
+    # before any text it is a fine first choice
+    dead = Scripted("cloud", [], BackendError("refused", cause="connect"))
+    assert "".join(c.text for c in FailoverStream([_attempt("cloud", dead), _attempt("edge", fresh_only)], REQUEST,
+                                                  RouteInfo(target="cloud", backend=""))) == "Once upon a time."
+
+
 def test_open_circuit_is_skipped_and_all_skipped_is_a_clear_error() -> None:
     edge = Scripted("edge", ["ok"])
     dead = _attempt("cloud", Scripted("cloud", [], BackendUnavailableError("cannot connect")), threshold=1)

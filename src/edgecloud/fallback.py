@@ -315,6 +315,10 @@ class _Failover:
     def begin(self, attempt: Attempt) -> ChatRequest | None:
         """The request ``attempt`` should run, or None when its circuit is open."""
         owner = self.owner
+        if self.delivered and not attempt.backend.supports_continuation:
+            # it cannot continue a partial answer, and restarting would repeat delivered text
+            owner.skipped.append(f"{attempt.label or attempt.side}: cannot continue a partial answer")
+            return None
         if not attempt.breaker.allow():
             owner.skipped.append(f"{attempt.label or attempt.side}: circuit open")
             return None

@@ -55,3 +55,19 @@ def test_profile_passes_through_and_validates() -> None:
     assert custom.to_dict()["budget_bytes"] == GiB
     with pytest.raises(InvalidRequestError):
         DeviceProfile(name="bad", description="test", total_bytes=GiB, budget_bytes=2 * GiB)
+
+
+def test_planning_for_llama_cpp_never_imports_torch() -> None:
+    # importing torch to look for a GPU cost a llama.cpp process ~180 MiB it never used
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from edgecloud.edge.device import detect_device\n"
+        "from edgecloud.edge.memory import plan\n"
+        "detect_device(); plan('smollm2-135m-instruct-q4', 'this', ctx=512)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
