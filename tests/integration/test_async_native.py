@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -20,12 +18,6 @@ from faults import ServeProcess
 KEY = "sk-test"
 CLOUD_MODEL = "smollm2-135m-instruct-q4"
 CONCURRENT = 64
-
-
-@pytest.fixture(scope="module")
-def server(smollm2_path: Path) -> Iterator[ServeProcess]:
-    with ServeProcess(str(smollm2_path), api_key=KEY) as proc:
-        yield proc
 
 
 def test_64_concurrent_async_requests_use_a_bounded_number_of_threads(server: ServeProcess) -> None:

@@ -69,12 +69,6 @@ def _check(threshold: float, plain_threshold: float) -> ConfidenceCheck:
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_path: Path) -> Iterator[ServeProcess]:
-    with ServeProcess(str(smollm2_path), api_key=KEY) as proc:
-        yield proc
-
-
-@pytest.fixture(scope="module")
 def llamacpp_edge(smollm2_path: Path) -> Iterator[Backend]:
     from edgecloud.edge.llamacpp import LlamaCppBackend
 

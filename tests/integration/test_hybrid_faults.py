@@ -69,12 +69,6 @@ def edge(smollm2_path: Path) -> Iterator[LlamaCppBackend]:
         yield backend
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_path: Path) -> Iterator[ServeProcess]:
-    with ServeProcess(str(smollm2_path), api_key=KEY) as proc:
-        yield proc
-
-
 @pytest.fixture()
 def scripted() -> Iterator[ScriptedServer]:
     srv = ScriptedServer()

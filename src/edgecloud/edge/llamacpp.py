@@ -54,7 +54,7 @@ from ..runtime.chunks import AnswerChunks, answer_budget
 from ..runtime.gguf import read_gguf_spec
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
 from .memory import plan as plan_memory
-from ..runtime.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_LAST_N
+from ..runtime.sampling import PENALTY_LAST_N, SamplingParams, sampling_params
 from ..runtime.prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
 
 __all__ = [
@@ -441,12 +441,10 @@ class LlamaCppBackend(SerialBackend):
 
     # ------------------------------------------------------------------ sampling
 
-    def _make_sampler(self, request: ChatRequest) -> Any:
+    def _make_sampler(self, params: SamplingParams) -> Any:
         """A llama.cpp sampler chain, or None for plain greedy (argmax in numpy)."""
-        temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-        presence = request.presence_penalty or 0.0
-        frequency = request.frequency_penalty or 0.0
-        if temperature == 0.0 and presence == 0.0 and frequency == 0.0:
+        temperature, presence, frequency = params.temperature, params.presence_penalty, params.frequency_penalty
+        if params.greedy and not params.penalised:
             return None
         from llama_cpp._internals import LlamaSampler
 
@@ -456,14 +454,14 @@ class LlamaCppBackend(SerialBackend):
         if temperature == 0.0:
             sampler.add_greedy()
             return sampler
-        top_p = DEFAULT_TOP_P if request.top_p is None else request.top_p
+        top_p = params.top_p
         sampler.add_temp(temperature)
         if top_p < 1.0:
             sampler.add_top_p(top_p, 1)
-        if request.seed is None:
+        if params.seed is None:
             seed = self._lib.LLAMA_DEFAULT_SEED  # llama.cpp draws a random seed
         else:
-            seed = request.seed & 0xFFFFFFFF
+            seed = params.seed & 0xFFFFFFFF
             if seed == self._lib.LLAMA_DEFAULT_SEED:
                 seed -= 1  # that value means "random" to llama.cpp
         sampler.add_dist(seed)
@@ -482,7 +480,7 @@ class LlamaCppBackend(SerialBackend):
             messages = request.message_dicts()
             prompt = self._encode_chat(messages, continue_final=request.continue_final_message)
             max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
-            sampler = self._make_sampler(request)
+            sampler = self._make_sampler(sampling_params(request, max_new))
             try:
                 yield from self._decode(llm, request, messages, prompt, max_new, sampler)
             except (GeneratorExit, EdgeCloudError):

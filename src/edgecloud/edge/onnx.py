@@ -50,7 +50,7 @@ from ..runtime.chunks import AnswerChunks, answer_budget
 from .device import detect_device
 from .memory import N_BATCH, plan_onnx
 from .onnx_manifest import EXPORT_FILE, GENAI_CONFIG, ExportManifest, is_onnx_export, load_manifest
-from ..runtime.sampling import DEFAULT_TEMPERATURE, DEFAULT_TOP_P, PENALTY_LAST_N
+from ..runtime.sampling import PENALTY_LAST_N, SamplingParams, sampling_params
 from ..runtime.prefix_cache import common_prefix_len_np
 
 __all__ = [
@@ -282,7 +282,7 @@ class OnnxBackend(SerialBackend):
 
     def _decode(self, request: ChatRequest, prompt: list[int], max_new: int) -> Iterator[ChatCompletionChunk]:
         assert self._vocab is not None
-        sampler = _Sampler(request)
+        sampler = _Sampler(sampling_params(request, max_new))
         cached = self._prefill(prompt)  # a failure here comes before any chunk
         stats = self.stats
         stats.requests += 1
@@ -312,12 +312,10 @@ class OnnxBackend(SerialBackend):
 class _Sampler:
     """The next token from a logits row: llama.cpp's chain (penalties, then greedy or temperature + top-p)."""
 
-    def __init__(self, request: ChatRequest) -> None:
-        self.temperature = DEFAULT_TEMPERATURE if request.temperature is None else request.temperature
-        self.top_p = DEFAULT_TOP_P if request.top_p is None else request.top_p
-        self.presence = request.presence_penalty or 0.0
-        self.frequency = request.frequency_penalty or 0.0
-        self.rng = np.random.default_rng(request.seed)
+    def __init__(self, params: SamplingParams) -> None:
+        self.temperature, self.top_p = params.temperature, params.top_p
+        self.presence, self.frequency = params.presence_penalty, params.frequency_penalty
+        self.rng = np.random.default_rng(params.seed)
         self.recent: list[int] = []
 
     def pick(self, logits: npt.NDArray[np.single]) -> int:
