@@ -106,3 +106,16 @@ def test_cascade_fit_reaches_the_target_with_the_informative_signal() -> None:
     parts = ablation(train, test, s_train, s_test)
     # the logprobs here are noise: alone they cannot beat the examples signal on cloud calls
     assert parts["examples only"]["cloud_fraction"] <= parts["logprob only"]["cloud_fraction"]
+
+
+def test_a_runtime_without_logprobs_gets_a_check_that_does_not_read_them() -> None:
+    confident = Signals(None, False, {"mean": -0.01, "min": -0.1, "p10": -0.05, "tail_mean": -0.02})
+    missing = Signals(None, False, {})  # no logprobs: the summary is empty, not "certain"
+    plain = ConfidenceCheck(threshold=0.6, coef=[0.0] * 9, intercept=0.0)
+    check = ConfidenceCheck(threshold=0.2, coef=[0, 0, 0, 5.0, 0, 0, 0, 0, 0], intercept=0.0, without_logprobs=plain)
+    again = ConfidenceCheck.from_json(check.to_json())  # the variant survives the file
+    assert again.for_backend(True) is again and not again.escalate(confident)
+    assert again.for_backend(False).threshold == 0.6 and again.for_backend(False).escalate(missing)
+    # without a fitted variant: the rule, which reads no logprob and has no evidence against the answer
+    rule = ConfidenceCheck(threshold=0.2, coef=[0, 0, 0, 5.0, 0, 0, 0, 0, 0]).for_backend(False)
+    assert rule.coef is None and not rule.escalate(missing) and rule.escalate(Signals(False, False, {}))
