@@ -213,5 +213,5 @@ def test_plan_matches_measured_rss_of_smollm2(smollm2: Path) -> None:
     pytest.importorskip("llama_cpp")
     bench = _load_bench()
     p = plan(smollm2, "this", ctx=1024)
-    measured = bench.measure(smollm2, p.llama_kwargs(), timeout=600)["peak_rss"]
+    measured = bench.measure(smollm2, 1024, timeout=600)["peak_rss"]  # through LlamaCppBackend
     assert abs(p.total_bytes / measured - 1) <= 0.15, (p.to_dict(), measured)

@@ -20,7 +20,7 @@ from edgecloud import AsyncEdgeCloud, EdgeCloud
 from edgecloud.backend import Backend
 from edgecloud.cloud.client import CloudBackend
 from edgecloud.edge.llamacpp import LlamaCppBackend
-from edgecloud.errors import EdgeCloudError, InvalidRequestError, PrivacyViolationError
+from edgecloud.errors import BackendError, EdgeCloudError, InvalidRequestError, PrivacyViolationError
 from edgecloud.router.policy import RoutePolicy
 from edgecloud.types import ChatCompletionChunk, ChatRequest, collect_chunks
 from faults import USAGE, ScriptedServer, ServeProcess, event, free_port, json_reply, sse_reply
@@ -47,7 +47,8 @@ EDGE_FIRST = Fixed(0.0)
 
 
 class BreaksAfter(Backend):
-    """Fault injection: the real edge backend, raising after ``n`` content chunks."""
+    """Fault injection: the real edge backend failing after ``n`` content chunks, as a runtime
+    that fails while generating reports it (a typed ``runtime_error``)."""
 
     def __init__(self, inner: Backend, n: int) -> None:
         self.inner, self.n = inner, n
@@ -59,7 +60,7 @@ class BreaksAfter(Backend):
             if chunk.text:
                 seen += 1
                 if seen > self.n:
-                    raise RuntimeError("edge runtime failed mid-stream (injected)")
+                    raise BackendError("the edge runtime failed mid-stream (injected)", cause="runtime_error")
             yield chunk
 
 
@@ -125,7 +126,7 @@ def test_edge_failing_mid_stream_the_cloud_continues(edge: LlamaCppBackend, serv
     with client_for(BreaksAfter(edge, 5), server.url, first=EDGE_FIRST) as client:
         answer = client.chat.completions.create(messages=STORY, max_tokens=40, temperature=0)
     [switch] = answer.route.fallbacks
-    assert (switch["from"], switch["to"], switch["cause"]) == ("edge", "cloud", "edge_error")
+    assert (switch["from"], switch["to"], switch["cause"]) == ("edge", "cloud", "runtime_error")
     at = switch["at_chars"]
     with CloudBackend(server.url, CLOUD_MODEL, api_key=KEY) as cloud:
         expected = greedy_continuation(cloud, STORY, answer.text[:at], 40 - switch["at_tokens"])

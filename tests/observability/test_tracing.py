@@ -65,7 +65,7 @@ def test_span_carries_request_route_fallback_and_response(provider: TracerProvid
 
 def test_unknown_values_are_left_out(provider: TracerProvider, exporter: InMemorySpanExporter) -> None:
     with chat_span(request_model=None, tracer_provider=provider) as span:
-        span.add_fallback("edge", "cloud", "edge_error", 0)
+        span.add_fallback("edge", "cloud", "runtime_error", 0)
         span.add_fallback("cloud", "edge", "server_error", 0)
         span.set_response(model=None, response_id=None, finish_reason=None, usage=None, cost=None)
     (done,) = exporter.get_finished_spans()
@@ -104,7 +104,7 @@ def test_without_opentelemetry_the_span_is_a_no_op(monkeypatch: pytest.MonkeyPat
     with chat_span(request_model="m", request=request(), tracer_provider=provider) as span:
         assert isinstance(span, ChatSpan) and span.span is None
         span.set_route("edge", "llama.cpp", "score", 0.1)
-        span.add_fallback("edge", "cloud", "edge_error", 3)
+        span.add_fallback("edge", "cloud", "runtime_error", 3)
         span.ttft(0.1)
         span.set_response(model="m", response_id="x", finish_reason="stop", usage=None, cost=None)
     assert span.fallbacks == 1

@@ -91,7 +91,7 @@ def test_fp8_linear_equals_dequantized_weight_matmul(dtype: torch.dtype, caplog:
 
 
 def test_cpu_path_logs_quantize_dequantize_once(caplog: pytest.LogCaptureFixture) -> None:
-    from edgecloud.quant import fp8
+    from edgecloud.engine import fp8
 
     fp8._announced.discard("qdq")
     layer = FP8Linear.from_linear(nn.Linear(16, 16))

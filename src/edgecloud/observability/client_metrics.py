@@ -23,7 +23,8 @@ name                                                   kind       labels
 Label values must stay few: ``reason`` and ``cause`` take a *kind* - a short snake_case word
 such as ``pinned``, ``privacy``, ``pii``, ``context``, ``unavailable``, ``score``,
 ``cascade``, ``only_side`` (reasons) or ``connect``, ``timeout``, ``rate_limited``,
-``server_error``, ``malformed_stream``, ``edge_error``, ``context_overflow``,
+``server_error``, ``malformed_stream``, ``runtime_error``, ``context_overflow`` (every
+:data:`edgecloud.errors.FAILURE_CAUSES`),
 ``low_confidence`` (causes) - never the free-text explanation of a route. Anything that is
 not such a word is counted as ``other`` rather than creating a new series. A counter cannot
 go down, so ``client_saved_usd_total`` adds positive savings only; the signed net saving is
