@@ -65,3 +65,26 @@ def test_async_client(smollm2_path: Path) -> None:
 
     whole, streamed = asyncio.run(go())
     assert whole and whole == streamed
+
+
+@pytest.mark.parametrize(("params", "field"), [
+    ({"seed": 2**64}, "seed"),
+    ({"messages": [{"role": "user", "content": "a\ud800"}]}, "messages[0].content"),
+    ({"max_tokens": "4"}, "max_tokens"),
+    ({"max_tokens": True}, "max_tokens"),
+    ({"stop": ""}, "stop"),
+])
+def test_inputs_that_killed_the_server_are_refused_naming_the_field(client: EdgeCloud, params: dict, field: str) -> None:
+    from edgecloud.errors import InvalidRequestError
+
+    request = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, **params}
+    with pytest.raises(InvalidRequestError) as info:
+        client.chat.completions.create(**request)
+    assert info.value.param == field
+    assert client.chat.completions.create(messages=[{"role": "user", "content": "Hi"}], max_tokens=2).choices
+
+
+def test_a_tiny_temperature_answers_as_greedy(client: EdgeCloud) -> None:
+    ask = {"messages": [{"role": "user", "content": "Name a colour."}], "max_tokens": 6}
+    greedy = client.chat.completions.create(**ask, temperature=0).choices[0].message.content
+    assert client.chat.completions.create(**ask, temperature=1e-50).choices[0].message.content == greedy

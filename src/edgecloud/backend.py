@@ -131,6 +131,10 @@ class Backend(ABC):
     def load(self) -> None:
         """Do the expensive set-up now (fetch, load, warm) instead of on the first request."""
 
+    def health(self) -> str | None:
+        """None when this backend could serve a request now, else why not (what ``/health`` reports)."""
+        return None
+
     def close(self) -> None:
         """Release the runtime's resources. Safe to call twice."""
 
@@ -194,6 +198,9 @@ class SerialBackend(Backend):
                 self._owner = None
                 if self._closed:
                     self._free()
+
+    def health(self) -> str | None:
+        return f"the {self.name} backend is closed" if self._closed else None
 
     def load(self) -> None:
         """Load the runtime now (otherwise the first request does it)."""

@@ -9,12 +9,14 @@ request ran and why).
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Any, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -88,19 +90,79 @@ def _translate(exc: ValidationError) -> InvalidRequestError:
     return InvalidRequestError(f"invalid '{param}': {msg}", param=param)
 
 
+#: Seeds are 64-bit signed integers (what OpenAI documents and torch's generators take);
+#: llama.cpp uses the low 32 bits of the same value. Outside this range a seed is refused.
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+#: JSON request bodies may nest at most this deep (a chat request needs 4 levels; JSON schemas
+#: for tools need more); deeper bodies are refused before any model sees them.
+MAX_JSON_DEPTH = 64
+
+
+def check_text(text: str) -> str:
+    """``text`` if it is valid Unicode text (ValueError for a lone surrogate, which no tokenizer can encode)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"contains a lone surrogate ({text[exc.start:exc.end]!r} at character {exc.start}); "
+            "send valid UTF-8 text (pair the surrogates or drop them)"
+        ) from None
+    return text
+
+
 def check_stop(stop: Any) -> Any:
-    """OpenAI's ``stop``: ``None``, a string, or a list of up to 4 non-empty strings (ValueError otherwise)."""
-    if stop is None or isinstance(stop, str):
-        return stop
+    """OpenAI's ``stop``: ``None``, a non-empty string, or a list of up to 4 non-empty strings (ValueError otherwise)."""
+    if stop is None or (isinstance(stop, str) and stop):
+        return stop if stop is None else check_text(stop)
     if isinstance(stop, list) and len(stop) <= 4 and all(isinstance(s, str) and s for s in stop):
-        return stop
-    raise ValueError("stop must be a string or a list of up to 4 non-empty strings")
+        return [check_text(s) for s in stop]
+    raise ValueError("stop must be a non-empty string or a list of up to 4 non-empty strings")
+
+
+def check_seed(seed: int | None) -> int | None:
+    """A seed within 64 bits (ValueError otherwise)."""
+    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
+        raise ValueError(f"seed must be a 64-bit signed integer ({SEED_MIN} to {SEED_MAX}), got {seed}")
+    return seed
+
+
+def load_json(body: bytes | str, *, what: str = "request body", max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """Parse a request's JSON text; InvalidRequestError when it is not JSON or nests deeper than ``max_depth``.
+
+    Python's JSON parser recurses per level and gives up around a thousand; a body near that
+    limit would also make every later walk of it recurse as deep. So nesting is bounded here,
+    at the edge, before any model or handler sees the data.
+    """
+    try:
+        data = json.loads(body)
+    except RecursionError:
+        raise InvalidRequestError(f"{what} nests deeper than {max_depth} levels; flatten it") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidRequestError(f"{what} is not valid JSON: {exc}") from exc
+    stack: list[tuple[Any, int]] = [(data, 1)]
+    while stack:  # iterative: the check itself must not recurse
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > max_depth:
+                raise InvalidRequestError(f"{what} nests deeper than {max_depth} levels; flatten it")
+            children = value.values() if isinstance(value, dict) else value
+            stack.extend((child, depth + 1) for child in children if isinstance(child, (dict, list)))
+    return data
+
+
+#: A text field: any string that is valid Unicode.
+Text = Annotated[str, AfterValidator(check_text)]
 
 
 class _Validated(BaseModel):
-    """Base for request models: pydantic errors become InvalidRequestError."""
+    """Base for request models: pydantic errors become InvalidRequestError.
 
-    model_config = ConfigDict(extra="forbid", frozen=False)
+    Strict, as OpenAI's own API is: an integer field takes an integer (not ``"4"``, ``4.0`` or
+    ``true``), a boolean takes ``true`` / ``false`` (not ``"yes"`` or ``0``); a float field
+    still takes an integer.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=False, strict=True)
 
     def __init__(self, **data: Any) -> None:
         try:
@@ -124,8 +186,8 @@ class ChatMessage(_Validated):
     model_config = ConfigDict(extra="ignore")
 
     role: str
-    content: str
-    name: str | None = None
+    content: Text
+    name: Text | None = None
 
     @field_validator("role")
     @classmethod
@@ -164,7 +226,7 @@ class SpeculativeOptions(_Validated):
 class ChatRequest(_Validated):
     """A chat completion request: the OpenAI fields edgecloud honours, plus routing hints."""
 
-    model: str | None = None
+    model: Text | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -178,7 +240,7 @@ class ChatRequest(_Validated):
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     n: int | None = None
-    user: str | None = None
+    user: Text | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens (benchmarks, load tests).
     ignore_eos: bool = False
     #: vLLM's extension: the last message is a partial assistant answer to continue (no new
@@ -210,6 +272,11 @@ class ChatRequest(_Validated):
     @classmethod
     def _stop_strings(cls, stop: Any) -> Any:
         return check_stop(stop)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, seed: int | None) -> int | None:
+        return check_seed(seed)
 
     @model_validator(mode="after")
     def _continuation(self) -> "ChatRequest":

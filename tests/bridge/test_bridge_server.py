@@ -70,6 +70,15 @@ _CHAT = '"method": "chat.create", "params": {"messages": [{"role": "user", "cont
     ('{"jsonrpc": "2.0", "id": 7, "method": "plan", "params": {"model": "smollm2-135m-instruct-q4", "device": "toaster"}}',
      -32602, 7, "device"),
     ('{"jsonrpc": "2.0", "id": 7, "method": "models.list", "params": {"verbose": true}}', -32602, 7, "verbose"),
+    # the inputs that once killed or 500'd the server get the same typed refusal here
+    ('{"jsonrpc": "2.0", "id": 7, ' + _CHAT + ', "seed": 18446744073709551616}}', -32602, 7, "seed"),
+    ('{"jsonrpc": "2.0", "id": 7, "method": "chat.create", "params": {"messages": [{"role": "user", "content": "a\\ud800"}]}}',
+     -32602, 7, "messages[0].content"),
+    ('{"jsonrpc": "2.0", "id": 7, ' + _CHAT + ', "max_tokens": "4"}}', -32602, 7, "max_tokens"),
+    ('{"jsonrpc": "2.0", "id": 7, ' + _CHAT + ', "stream": "yes"}}', -32602, 7, "stream"),
+    ('{"jsonrpc": "2.0", "id": 7, ' + _CHAT + ', "stop": ""}}', -32602, 7, "stop"),
+    ('{"jsonrpc": "2.0", "id": 7, "method": "models.list", "params": {"x": ' + "[" * 3000 + "]" * 3000 + "}}",
+     -32700, None, None),
 ])
 def test_bad_input_is_answered_and_the_bridge_keeps_serving(host: Any, line: str | bytes, code: int, rid: Any,
                                                             param: str | None) -> None:

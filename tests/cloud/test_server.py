@@ -7,10 +7,7 @@ is checked against llama.cpp's greedy answer.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -32,7 +29,7 @@ KEY = "sk-test-key"
 QUESTION = [{"role": "user", "content": "Name three colours of the rainbow."}]
 
 
-from faults import free_port as _free_port  # noqa: E402
+from faults import running_app as _running  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -44,25 +41,6 @@ def edge_backend(smollm2_path: Path) -> Iterator[LlamaCppBackend]:
     backend.load()
     yield backend
     backend.close()
-
-
-@contextlib.contextmanager
-def _running(app: object) -> Iterator[str]:
-    """A real uvicorn serving ``app`` on a free loopback port, in a background thread."""
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            raise RuntimeError("uvicorn did not start")
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=30)
 
 
 @pytest.fixture(scope="module")

@@ -42,7 +42,7 @@ from .._version import __version__
 from ..client import EdgeCloud
 from ..edge.memory import plan as plan_memory
 from ..errors import BackendUnavailableError, EdgeCloudError, InvalidRequestError
-from ..types import ChatCompletionChunk, collect_chunks
+from ..types import ChatCompletionChunk, collect_chunks, load_json
 from .protocol import (
     METHODS,
     NOTIFICATIONS,
@@ -214,11 +214,14 @@ class Bridge:
         """The call a line asks for, None for a notification; _RpcError for bad input."""
         if len(line) > self.max_line_bytes:
             raise self._overlong()
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise _RpcError(None, ErrorCode.PARSE_ERROR, f"request line is not UTF-8: {exc.reason}") from None
         try:
-            obj = json.loads(line)
-        except UnicodeDecodeError as exc:
-            raise _RpcError(None, ErrorCode.PARSE_ERROR, f"request line is not UTF-8: {exc.reason}") from None
-        except ValueError as exc:
+            obj = load_json(line, what="request line")  # nesting bounded, as on the server
+        except InvalidRequestError as exc:
             raise _RpcError(None, ErrorCode.PARSE_ERROR, f"malformed JSON: {exc}") from None
         if isinstance(obj, list):
             raise _RpcError(None, ErrorCode.INVALID_REQUEST, "batches are not supported: send one request per line")

@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ..types import FinishReason, RouteInfo, StreamOptions, Usage, _Validated, check_stop
+from ..types import FinishReason, RouteInfo, StreamOptions, Text, Usage, _Validated, check_seed, check_stop, check_text
 
 __all__ = [
     "Completion",
@@ -35,7 +35,7 @@ DEFAULT_COMPLETION_TOKENS = 16
 class CompletionRequest(_Validated):
     """A text completion request (``prompt`` is continued as is)."""
 
-    model: str | None = None
+    model: Text | None = None
     prompt: str | list[str]
     max_tokens: int | None = Field(default=DEFAULT_COMPLETION_TOKENS, gt=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
@@ -51,7 +51,7 @@ class CompletionRequest(_Validated):
     suffix: str | None = None
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
-    user: str | None = None
+    user: Text | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens.
     ignore_eos: bool = False
 
@@ -61,12 +61,17 @@ class CompletionRequest(_Validated):
         if isinstance(prompt, list):
             if len(prompt) != 1 or not isinstance(prompt[0], str):
                 raise ValueError("send exactly one prompt string per request (lists of prompts or token ids are not supported)")
-            return prompt
+            return [check_text(prompt[0])]
         if not isinstance(prompt, str):
             raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
         if not prompt:
             raise ValueError("prompt must not be empty")
-        return prompt
+        return check_text(prompt)
+
+    @field_validator("seed")
+    @classmethod
+    def _seed_in_range(cls, seed: int | None) -> int | None:
+        return check_seed(seed)
 
     @field_validator("stop", mode="before")
     @classmethod

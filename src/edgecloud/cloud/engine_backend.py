@@ -125,6 +125,8 @@ class TorchEngineBackend(Backend):
         self._scheduler: Scheduler | None = None
         self._load_lock = threading.Lock()
         self._closed = False
+        #: Times a dead scheduler loop was replaced in-process.
+        self.restarts = 0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -135,10 +137,43 @@ class TorchEngineBackend(Backend):
 
     @property
     def scheduler(self) -> Scheduler:
-        """The running scheduler (loads the model first if needed)."""
+        """The running scheduler (loads the model first if needed; restarts a dead loop)."""
         self.load()
-        assert self._scheduler is not None
-        return self._scheduler
+        scheduler = self._scheduler
+        assert scheduler is not None
+        if not scheduler.alive:
+            with self._load_lock:
+                if self._closed:
+                    raise BackendUnavailableError(f"the {self.name} backend is closed; create a new one", cause="closed")
+                if self._scheduler is scheduler:  # nobody restarted it meanwhile
+                    try:
+                        self._start_scheduler()
+                    except Exception as exc:
+                        raise BackendUnavailableError(
+                            f"{scheduler.failure or 'the scheduler stopped'}; restarting it failed: "
+                            f"{type(exc).__name__}: {exc}", cause="runtime_error",
+                        ) from exc
+                    self.restarts += 1
+            assert self._scheduler is not None
+            return self._scheduler
+        return scheduler
+
+    def health(self) -> str | None:
+        """None when a request could be served now, else why not.
+
+        A scheduler loop that died is restarted here (in-process: the weights stay loaded), so a
+        health probe brings the engine back as a request would; only a restart that fails, or
+        a closed backend, reports unhealthy.
+        """
+        if self._closed:
+            return f"the {self.name} backend is closed"
+        if self._scheduler is None:
+            return None  # loaded on the first request (``edgecloud serve`` loads it before serving)
+        try:
+            scheduler = self.scheduler
+        except Exception as exc:  # noqa: BLE001 - reported, not raised: this is a probe
+            return f"the engine cannot serve: {type(exc).__name__}: {exc}"
+        return None if scheduler.alive else (scheduler.failure or "the scheduler is not running")
 
     def load(self) -> None:
         """Resolve and load the model and start the scheduler now (otherwise the first request does it)."""
@@ -168,13 +203,17 @@ class TorchEngineBackend(Backend):
         self.model_path = path
         self._transformer, self._tokenizer = transformer, tokenizer
         try:
-            speculator = self._speculator(tokenizer.vocab_size)
+            self._start_scheduler()
         except BaseException:
             tokenizer.close()
             raise
+
+    def _start_scheduler(self) -> None:
+        """A new scheduler over the loaded model (at load, and to replace a loop that died)."""
+        speculator = self._speculator(self._tokenizer.vocab_size)
         self._scheduler = Scheduler(
-            transformer,
-            eog_ids=tokenizer.eog_ids,
+            self._transformer,
+            eog_ids=self._tokenizer.eog_ids,
             max_batch=self.max_batch,
             max_queue=self.max_queue,
             prefix_cache_bytes=self.prefix_cache_bytes,
@@ -303,7 +342,8 @@ class TorchEngineBackend(Backend):
 
     async def _aiterate(self, request: ChatRequest | CompletionRequest, shape: _Shape) -> AsyncIterator[Any]:
         await asyncio.to_thread(self.load)
-        seq, answer, prompt_tokens = self._submit(request, asyncio.get_running_loop())
+        # tokenizing a megabyte prompt takes seconds: never on the event loop (/health would stall)
+        seq, answer, prompt_tokens = await asyncio.to_thread(self._submit, request, asyncio.get_running_loop())
         try:
             for out in shape(answer.start()):
                 yield out

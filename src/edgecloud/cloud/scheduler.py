@@ -193,6 +193,9 @@ class Scheduler:
         #: Steps run and rows they carried (for benchmarks and logs).
         self.steps = 0
         self.rows = 0
+        #: Engine failures survived (a sequence or a step) or not (the loop), and why the loop died.
+        self.failures = 0
+        self.failure: str | None = None
         self._step_seconds = 0.05  # running mean, for Retry-After estimates
         self._thread = threading.Thread(target=self._run, name="edgecloud-scheduler", daemon=True)
         self._thread.start()
@@ -203,6 +206,11 @@ class Scheduler:
     def num_running(self) -> int:
         """Sequences in the running batch."""
         return len(self._running)
+
+    @property
+    def alive(self) -> bool:
+        """True while the loop runs and takes requests (False once closed or dead)."""
+        return self._thread.is_alive() and not self._closed
 
     @property
     def num_waiting(self) -> int:
@@ -272,8 +280,12 @@ class Scheduler:
                     pass
         except BaseException as exc:
             logger.exception("scheduler loop failed")
-            self._fail_all(BackendError(f"the engine's scheduler failed: {exc}"))
-            raise
+            self.failure = f"the engine's scheduler failed: {type(exc).__name__}: {exc}"
+            self._on_failure("scheduler")
+            self._fail_all(BackendError(self.failure, cause="runtime_error"))
+            if not isinstance(exc, Exception):
+                raise
+            return  # recorded in ``failure``; the backend starts a new loop (TorchEngineBackend.health)
         self._fail_all(BackendUnavailableError("the server is shutting down; the request was not finished"))
         if self.speculator is not None:
             self.speculator.close()
@@ -294,7 +306,13 @@ class Scheduler:
                 admitted.append(self._waiting.popleft())
                 self._running.append(admitted[-1])
         for seq in admitted:
-            self._admit(seq)
+            try:
+                self._admit(seq)
+            except Exception as exc:  # this sequence fails alone
+                logger.exception("admitting sequence %d failed", seq.id)
+                self._on_failure("sequence")
+                self._retire(seq, "error", BackendError(
+                    f"the torch engine could not start this request: {type(exc).__name__}: {exc}", cause="runtime_error"))
         for seq in [s for s in self._running if s.cancelled]:
             self._retire(seq, "cancelled")
         with self._cond:
@@ -311,7 +329,7 @@ class Scheduler:
         try:
             seq.cache = self.model.new_cache(capacity)
         except RuntimeError as exc:  # out of memory
-            error = BackendError(f"could not allocate a KV cache of {capacity} positions: {exc}")
+            error = BackendError(f"could not allocate a KV cache of {capacity} positions: {exc}", cause="out_of_memory")
             self._retire(seq, "error", error)
             return
         if entry is not None and shared >= self.min_prefix:
@@ -370,7 +388,8 @@ class Scheduler:
             logits = self.model.forward_batch(inputs, keep=keep)
         except Exception as exc:
             logger.exception("engine step failed")
-            error = BackendError(f"the torch engine failed while generating: {exc}")
+            self._on_failure("step")
+            error = BackendError(f"the torch engine failed while generating: {exc}", cause="runtime_error")
             for seq in batch:
                 self._retire(seq, "error", error)
             return
@@ -385,22 +404,33 @@ class Scheduler:
         for seq, row in zip(batch, logits):
             if seq.prefilling or seq.cancelled:
                 continue
-            plan = planned.get(seq.id)
-            if plan is None:
-                tokens = [sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p,
-                                 generator=seq._generator)]
-            else:
-                assert self.speculator is not None and seq.cache is not None
-                verdict = self.speculator.verify(
-                    seq.id, plan, row, temperature=seq.params.temperature, top_p=seq.params.top_p,
-                    generator=seq._generator, rows=rows, batch=decoding,
-                )
-                # keep the KV of the last delivered token and the accepted drafts; the rest was rejected
-                seq.cache.truncate(seq.cache.length - len(plan.proposal.tokens) + verdict.accepted)
-                tokens = verdict.tokens
-            for token in tokens:
-                if not self._deliver(seq, token, finished_at):
-                    break
+            try:
+                self._advance(seq, row, planned.get(seq.id), rows, decoding, finished_at)
+            except Exception as exc:  # this sequence fails alone; the batch goes on
+                logger.exception("sequence %d failed", seq.id)
+                self._on_failure("sequence")
+                if seq in self._running:
+                    self._retire(seq, "error", BackendError(
+                        f"the torch engine failed on this request: {type(exc).__name__}: {exc}", cause="runtime_error"))
+
+    def _advance(self, seq: Sequence, row: torch.Tensor, plan: Planned | None, rows: int, decoding: int,
+                 finished_at: float) -> None:
+        """Sample (or verify a draft) from ``row`` and deliver the tokens of one sequence."""
+        if plan is None:
+            tokens = [sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p,
+                             generator=seq._generator)]
+        else:
+            assert self.speculator is not None and seq.cache is not None
+            verdict = self.speculator.verify(
+                seq.id, plan, row, temperature=seq.params.temperature, top_p=seq.params.top_p,
+                generator=seq._generator, rows=rows, batch=decoding,
+            )
+            # keep the KV of the last delivered token and the accepted drafts; the rest was rejected
+            seq.cache.truncate(seq.cache.length - len(plan.proposal.tokens) + verdict.accepted)
+            tokens = verdict.tokens
+        for token in tokens:
+            if not self._deliver(seq, token, finished_at):
+                break
 
     def _draft(self, batch: list[Sequence], rows: int) -> dict[int, Planned]:
         """Drafts for this step's decoding sequences, each capped by its remaining tokens and context."""
@@ -458,6 +488,11 @@ class Scheduler:
         if self.metrics is not None:
             self.metrics.on_finished(reason, time.perf_counter() - seq.arrival)
         seq._emit(error if error is not None else _End(reason))
+
+    def _on_failure(self, scope: str) -> None:
+        self.failures += 1
+        if self.metrics is not None:
+            self.metrics.on_engine_failure(scope)
 
     def _fail_all(self, error: BaseException) -> None:
         with self._cond:

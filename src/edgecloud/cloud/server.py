@@ -40,6 +40,7 @@ the backend stream is closed and its sequence is cancelled (its KV freed) at the
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
 import logging
@@ -65,7 +66,7 @@ from ..errors import (
 )
 from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..observability.server_metrics import ServerMetrics
-from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, now
+from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, load_json, now
 from .completions import Completion, CompletionRequest, CompletionsBackend
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
@@ -148,10 +149,7 @@ async def _read_json(request: Request, max_body_bytes: int) -> Any:
         body += part
         if len(body) > max_body_bytes:
             raise _BodyTooLarge(f"request body exceeds the limit of {max_body_bytes} bytes")
-    try:
-        return json.loads(bytes(body))
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidRequestError(f"request body is not valid JSON: {exc}") from exc
+    return load_json(bytes(body))
 
 
 class _RequestObserver:
@@ -243,8 +241,13 @@ def create_app(
         return error_response(InvalidRequestError(f"invalid request: {exc.errors()}"))
 
     @app.get("/health")
-    async def health() -> dict[str, str]:
-        return {"status": "ok", "model": model_name}
+    async def health() -> JSONResponse:
+        """200 only when a request could be served now; 503 with the reason otherwise (a dead
+        engine loop is restarted by the probe itself, see TorchEngineBackend.health)."""
+        reason = await asyncio.to_thread(backend.health)
+        if reason is None:
+            return JSONResponse({"status": "ok", "model": model_name})
+        return JSONResponse({"status": "unavailable", "model": model_name, "reason": reason}, status_code=503)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

@@ -315,7 +315,7 @@ class _Sampler:
     def __init__(self, params: SamplingParams) -> None:
         self.temperature, self.top_p = params.temperature, params.top_p
         self.presence, self.frequency = params.presence_penalty, params.frequency_penalty
-        self.rng = np.random.default_rng(params.seed)
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)  # a negative seed too
         self.recent: list[int] = []
 
     def pick(self, logits: npt.NDArray[np.single]) -> int:
@@ -331,8 +331,9 @@ class _Sampler:
         return token
 
     def _sample(self, logits: npt.NDArray[np.single]) -> int:
-        scaled = logits.astype(np.float64) / self.temperature
-        probs = np.exp(scaled - scaled.max())
+        wide = logits.astype(np.float64)
+        scaled = (wide - wide.max()) / self.temperature  # shifted first: nothing overflows
+        probs = np.exp(scaled)
         probs /= probs.sum()
         if self.top_p < 1.0:
             order = np.argsort(-probs, kind="stable")

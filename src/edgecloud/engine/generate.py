@@ -27,6 +27,7 @@ from torch import Tensor
 
 from ..runtime.chat_template import ChatTemplate
 from ..runtime.llama_cpp import import_llama_cpp, token_piece
+from ..runtime.sampling import GREEDY_BELOW
 from ..errors import BackendUnavailableError, ContextOverflowError, InvalidRequestError
 from .model import KVCache, Transformer
 
@@ -114,7 +115,10 @@ def decode_one_token(model: Transformer, token: int, cache: KVCache) -> Tensor:
 def sampling_probs(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
     """Probabilities over the vocabulary (last dim) after temperature and nucleus (top-p) truncation:
     the distribution :func:`sample` draws from (and speculative verification compares against)."""
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
+    # shift by the maximum first: the top logit maps to 0 and nothing overflows, however small
+    # the temperature or extreme the logits (an inf logit would otherwise give inf - inf = NaN)
+    shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)
+    probs = torch.softmax((shifted / max(temperature, GREEDY_BELOW)).nan_to_num(nan=float("-inf")), dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # always keeps the top token
@@ -127,7 +131,7 @@ def sample(
     logits: Tensor, *, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None
 ) -> int:
     """Next token from ``logits[vocab]``: argmax when ``temperature <= 0``, else temperature + nucleus sampling."""
-    if temperature <= 0:
+    if temperature < GREEDY_BELOW:
         return int(logits.argmax())
     return int(torch.multinomial(sampling_probs(logits, temperature, top_p), 1, generator=generator))
 

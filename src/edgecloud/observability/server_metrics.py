@@ -17,6 +17,10 @@ name                                       kind       meaning
 ``edgecloud:prefix_cache_queries_total``   counter    prompt tokens looked up in the prefix cache
 ``edgecloud:prefix_cache_hits_total``      counter    of those, tokens whose KV was reused
 ``edgecloud:request_success_total``        counter    finished requests, by ``finished_reason``
+``edgecloud:engine_failures_total``        counter    engine failures, by ``scope``: ``sequence``
+                                                      (one request failed, the rest went on),
+                                                      ``step`` (a forward pass failed its batch),
+                                                      ``scheduler`` (the loop died; restarted)
 =========================================  =========  ======================================
 
 With speculative decoding on (``edgecloud serve --spec ...``), vLLM's ``spec_decode`` set, by
@@ -100,6 +104,10 @@ class ServerMetrics:
             registry=r,
         )
         self.spec_k = Gauge(PREFIX + "spec_decode_k", "Mean draft length chosen in the last step.", labels, registry=r)
+        self.engine_failures = Counter(
+            PREFIX + "engine_failures", "Engine failures by scope (sequence, step, scheduler).", [*labels, "scope"],
+            registry=r,
+        )
         for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
             metric.labels(model_name)  # present (at 0) from the start, as scrapers expect
 
@@ -137,6 +145,10 @@ class ServerMetrics:
     def on_draft_failure(self, proposer: str) -> None:
         """The proposer raised; its sequences go on without speculation."""
         self.spec_failures.labels(self.model_name, proposer).inc()
+
+    def on_engine_failure(self, scope: str) -> None:
+        """The engine failed: one ``sequence``, a whole ``step``, or the ``scheduler`` loop."""
+        self.engine_failures.labels(self.model_name, scope).inc()
 
     def set_spec_k(self, mean_k: float) -> None:
         """Mean k over the sequences of the last step."""

@@ -15,6 +15,7 @@ from ..errors import InvalidRequestError
 __all__ = [
     "DEFAULT_TEMPERATURE",
     "DEFAULT_TOP_P",
+    "GREEDY_BELOW",
     "PENALTY_LAST_N",
     "SamplingParams",
     "sampling_params",
@@ -25,6 +26,10 @@ DEFAULT_TEMPERATURE = 1.0
 DEFAULT_TOP_P = 1.0
 #: How many recent tokens presence/frequency penalties look at (llama.cpp's default).
 PENALTY_LAST_N = 64
+#: Temperatures below this sample as greedy. Dividing logits by a temperature near zero
+#: overflows float32 (1e-50 made every probability NaN and killed the engine); at 1e-4 any
+#: logit gap above 0.01 already puts more than 1 - 1e-40 of the mass on the top token.
+GREEDY_BELOW = 1e-4
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise InvalidRequestError(f"max_tokens must be at least 1, got {self.max_new_tokens}", param="max_tokens")
+        if 0.0 < self.temperature < GREEDY_BELOW:
+            object.__setattr__(self, "temperature", 0.0)  # see GREEDY_BELOW
 
     @property
     def greedy(self) -> bool:
