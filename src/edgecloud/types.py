@@ -119,13 +119,6 @@ def check_stop(stop: Any) -> Any:
     raise ValueError("stop must be a non-empty string or a list of up to 4 non-empty strings")
 
 
-def check_seed(seed: int | None) -> int | None:
-    """A seed within 64 bits (ValueError otherwise)."""
-    if seed is not None and not SEED_MIN <= seed <= SEED_MAX:
-        raise ValueError(f"seed must be a 64-bit signed integer ({SEED_MIN} to {SEED_MAX}), got {seed}")
-    return seed
-
-
 def load_json(body: bytes | str, *, what: str = "request body", max_depth: int = MAX_JSON_DEPTH) -> Any:
     """Parse a request's JSON text; InvalidRequestError when it is not JSON or nests deeper than ``max_depth``.
 
@@ -185,7 +178,7 @@ class ChatMessage(_Validated):
 
     model_config = ConfigDict(extra="ignore")
 
-    role: str
+    role: str = Field(json_schema_extra={"enum": list(_ROLES)})
     content: Text
     name: Text | None = None
 
@@ -232,7 +225,7 @@ class ChatRequest(_Validated):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: Union[str, list[str], None] = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     logprobs: bool = False
@@ -272,11 +265,6 @@ class ChatRequest(_Validated):
     @classmethod
     def _stop_strings(cls, stop: Any) -> Any:
         return check_stop(stop)
-
-    @field_validator("seed")
-    @classmethod
-    def _seed_in_range(cls, seed: int | None) -> int | None:
-        return check_seed(seed)
 
     @model_validator(mode="after")
     def _continuation(self) -> "ChatRequest":

@@ -280,3 +280,16 @@ def test_idle_time_after_an_answer_prefetches_the_next_turn_header(backend: Llam
     second = backend.complete(ChatRequest(messages=turn2, temperature=0, max_tokens=8))
     # more than prompt + answer is reused: the turn boundary after the answer was already there
     assert second.usage.cached_tokens > first.usage.prompt_tokens + first.usage.completion_tokens
+
+
+def test_a_context_llama_cpp_pads_is_bounded_by_the_python_buffers(smollm2_path: Path) -> None:
+    # llama.cpp rounds n_ctx up to a multiple of 256; a prompt between the two sizes once
+    # crashed llama-cpp-python's buffers ("could not broadcast") instead of being refused
+    from edgecloud.errors import ContextOverflowError
+
+    with LlamaCppBackend(smollm2_path, n_ctx=100, reuse_prefix=False) as backend:
+        backend.load()
+        assert backend.n_ctx == 100
+        with pytest.raises(ContextOverflowError):
+            backend.complete(ChatRequest(messages=[{"role": "user", "content": "word " * 150}], max_tokens=2))
+        assert backend.complete(ChatRequest(messages=[{"role": "user", "content": "Hi"}], max_tokens=2)).text is not None

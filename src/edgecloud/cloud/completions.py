@@ -17,7 +17,7 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
-from ..types import FinishReason, RouteInfo, StreamOptions, Text, Usage, _Validated, check_seed, check_stop, check_text
+from ..types import FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_stop, check_text
 
 __all__ = [
     "Completion",
@@ -41,7 +41,7 @@ class CompletionRequest(_Validated):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
     n: int | None = None
@@ -67,11 +67,6 @@ class CompletionRequest(_Validated):
         if not prompt:
             raise ValueError("prompt must not be empty")
         return check_text(prompt)
-
-    @field_validator("seed")
-    @classmethod
-    def _seed_in_range(cls, seed: int | None) -> int | None:
-        return check_seed(seed)
 
     @field_validator("stop", mode="before")
     @classmethod

@@ -68,6 +68,7 @@ from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..observability.server_metrics import ServerMetrics
 from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, load_json, now
 from .completions import Completion, CompletionRequest, CompletionsBackend
+from .openapi import openapi_document
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
 
@@ -204,6 +205,7 @@ def create_app(
     afterwards (:func:`serve` does both).
     """
     app = FastAPI(title="edgecloud", docs_url=None, redoc_url=None, openapi_url=None)
+    document = openapi_document(model_name)
     created = now()
     expected_key = api_key.encode() if api_key else None
     engine_metrics = backend.metrics
@@ -248,6 +250,10 @@ def create_app(
         if reason is None:
             return JSONResponse({"status": "ok", "model": model_name})
         return JSONResponse({"status": "unavailable", "model": model_name, "reason": reason}, status_code=503)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    async def openapi() -> JSONResponse:
+        return JSONResponse(document)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

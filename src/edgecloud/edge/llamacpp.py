@@ -249,7 +249,9 @@ class LlamaCppBackend(SerialBackend):
         except (ValueError, RuntimeError, OSError) as exc:
             raise self._load_error(path, exc) from exc
         self._lib, self._llm, self.model_path, self.llama_kwargs = lib, llm, path, kwargs
-        self.n_ctx = llm.n_ctx()
+        # llama.cpp pads the context to a multiple of 256 (n_ctx=1000 serves 1024), but
+        # llama-cpp-python's token buffers keep the size asked for: the smaller one is the limit
+        self.n_ctx = min(llm.n_ctx(), len(llm.input_ids))
         self._vocab = llm._model.vocab
         self._n_vocab = llm.n_vocab()
         bos, eos = llm.token_bos(), llm.token_eos()

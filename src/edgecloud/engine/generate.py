@@ -121,7 +121,8 @@ def sampling_probs(logits: Tensor, temperature: float, top_p: float = 1.0) -> Te
     probs = torch.softmax((shifted / max(temperature, GREEDY_BELOW)).nan_to_num(nan=float("-inf")), dim=-1)
     if top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p  # always keeps the top token
+        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+        keep[..., 0] = True  # the top token always stays, whatever top_p (5e-324 is 0 in float32)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
