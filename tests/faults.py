@@ -199,3 +199,25 @@ def running_app(app: object) -> Iterator[str]:
     finally:
         server.should_exit = True
         thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def serving(engine: str, model: Any, *, n_ctx: int, api_key: str) -> Iterator[tuple[str, Any]]:
+    """``(url, backend)``: the real app on loopback over the ``torch`` engine (batched) or the
+    ``llamacpp`` runtime, loaded first and closed afterwards."""
+    from edgecloud.cloud.server import create_app
+
+    if engine == "torch":
+        from edgecloud.cloud.engine_backend import TorchEngineBackend
+
+        backend: Any = TorchEngineBackend(model, n_ctx=n_ctx, max_batch=4)
+    else:
+        from edgecloud.edge.llamacpp import LlamaCppBackend
+
+        backend = LlamaCppBackend(model, n_ctx=n_ctx)
+    backend.load()
+    try:
+        with running_app(create_app(backend, model_name="m", api_key=api_key)) as url:
+            yield url, backend
+    finally:
+        backend.close()

@@ -17,8 +17,7 @@ pytest.importorskip("fastapi")
 pytest.importorskip("llama_cpp")
 httpx = pytest.importorskip("httpx")
 
-from edgecloud.cloud.server import create_app
-from faults import running_app
+from faults import serving
 
 KEY = "sk-hardening"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -55,19 +54,8 @@ NESTED: list[tuple[str, str]] = [
 def server(request: pytest.FixtureRequest, smollm2_path: Path) -> Iterator[tuple[str, Any]]:
     if request.param == "torch":
         pytest.importorskip("torch")
-        from edgecloud.cloud.engine_backend import TorchEngineBackend
-
-        backend: Any = TorchEngineBackend(smollm2_path, n_ctx=512, max_batch=4)
-    else:
-        from edgecloud.edge.llamacpp import LlamaCppBackend
-
-        backend = LlamaCppBackend(smollm2_path, n_ctx=512)
-    backend.load()
-    try:
-        with running_app(create_app(backend, model_name="m", api_key=KEY)) as url:
-            yield url, backend
-    finally:
-        backend.close()
+    with serving(request.param, smollm2_path, n_ctx=512, api_key=KEY) as (url, backend):
+        yield url, backend
 
 
 def _post(url: str, body: Any, *, raw: str | None = None, path: str = "/v1/chat/completions") -> httpx.Response:

@@ -9,7 +9,6 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -18,8 +17,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("schemathesis")
 httpx = pytest.importorskip("httpx")
 
-from edgecloud.cloud.server import create_app
-from faults import running_app
+from faults import serving
 
 KEY = "sk-schema"
 CHECKS = "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance"
@@ -31,19 +29,8 @@ def server(request: pytest.FixtureRequest, smollm2_path: Path) -> Iterator[str]:
     # a 32-token context bounds every answer, so the ~500 generated requests take seconds
     if request.param == "torch":
         pytest.importorskip("torch")
-        from edgecloud.cloud.engine_backend import TorchEngineBackend
-
-        backend: Any = TorchEngineBackend(smollm2_path, n_ctx=32, max_batch=4)
-    else:
-        from edgecloud.edge.llamacpp import LlamaCppBackend
-
-        backend = LlamaCppBackend(smollm2_path, n_ctx=32)
-    backend.load()
-    try:
-        with running_app(create_app(backend, model_name="m", api_key=KEY)) as url:
-            yield url
-    finally:
-        backend.close()
+    with serving(request.param, smollm2_path, n_ctx=32, api_key=KEY) as (url, backend):
+        yield url
 
 
 def test_openapi_document_describes_the_real_shapes(server: str) -> None:
