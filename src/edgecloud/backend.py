@@ -3,8 +3,8 @@
 One abstract method, :meth:`Backend.stream`. Everything else is derived: ``complete`` is the
 stream collected; ``astream`` / ``acomplete`` run the sync stream on one bounded, process-wide
 pool of worker threads (:data:`SYNC_WORKERS` at most, whatever the number of concurrent
-requests; closing the async iterator stops generation) unless the backend does its own async
-I/O (``native_async``, e.g. the HTTP cloud client); ``close`` / ``aclose`` release resources.
+requests; closing the async iterator stops generation); a backend with its own async I/O (the
+HTTP cloud client) overrides them; ``close`` / ``aclose`` release resources.
 
 What callers need to know about a backend is declared here, not found with ``getattr``:
 ``model_name``, ``n_ctx`` (when known: after loading for a local model), ``base_url`` (remote
@@ -60,8 +60,6 @@ class Backend(ABC):
     #: Continues a partial assistant message (``continue_final_message``): what a mid-stream
     #: fallback to this backend needs.
     supports_continuation: ClassVar[bool] = True
-    #: ``astream`` does its own async I/O; otherwise it runs ``stream`` on the shared pool.
-    native_async: ClassVar[bool] = False
 
     #: The model this backend answers with (a catalogue name, file stem or served name).
     model_name: str = ""

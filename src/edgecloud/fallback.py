@@ -386,12 +386,10 @@ class _Failover:
         attempt, part = self.attempt, self.part
         assert attempt is not None and part is not None
         part.seconds = time.perf_counter() - self.started
-        if self.verdict:
-            raise exc
+        if self.verdict or not isinstance(exc, Exception):
+            raise exc  # after the finish, or a cancellation / interrupt: not the backend's failure
         attempt.breaker.failure()
         self.verdict = True
-        if not isinstance(exc, Exception):
-            raise exc
         if not can_fall_back(exc, attempt.side) or (self.delivered and not self.owner.mid_stream):
             _raise_typed(exc, attempt.label or attempt.backend.name, attempt.side)
         self.last_error = exc

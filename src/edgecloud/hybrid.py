@@ -32,6 +32,7 @@ of :mod:`edgecloud.backend`), and shares every decision with the sync path.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import threading
@@ -280,7 +281,7 @@ class Hybrid(Backend):
                 async for chunk in run.chunks_async():
                     yield run.seen(chunk)
                 run.ok = True
-            except GeneratorExit:  # the caller closed the stream early
+            except (GeneratorExit, asyncio.CancelledError):  # the caller closed the stream or was cancelled
                 run.cancelled = True
                 raise
             finally:

@@ -371,7 +371,6 @@ class CloudBackend(Backend):
     supports_seed: ClassVar[bool] = True
     supports_stop: ClassVar[bool] = True
     supports_continuation: ClassVar[bool] = True
-    native_async: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -424,18 +423,6 @@ class CloudBackend(Backend):
     def base_url(self) -> str:
         """The API root requests go to (``http://host:port/v1``)."""
         return self._base_url
-
-    @property
-    def max_retries(self) -> int:
-        return self.retry.max_retries
-
-    @property
-    def backoff(self) -> float:
-        return self.retry.backoff
-
-    @property
-    def max_retry_wait(self) -> float:
-        return self.retry.max_wait
 
     def __repr__(self) -> str:
         return f"CloudBackend({self.base_url!r}, {self.model!r})"

@@ -284,8 +284,6 @@ class TorchBackend(SerialBackend):
                 request, self.model_name, self._route(),
                 piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
             )
-            if not params.stop_at_eog:
-                answer = AnswerChunks(request, self.model_name, self._route(), piece=answer._piece, is_eog=lambda _: False)
             generated: list[int] = []
             stats = self.stats
             stats.requests += 1
@@ -299,9 +297,7 @@ class TorchBackend(SerialBackend):
                     row = logits.float().cpu()
                     token = sample(row, temperature=params.temperature, top_p=params.top_p, generator=generator)
                     generated.append(token)
-                    before_count = answer.generated
                     yield from answer.push(token, row.numpy())
-                    stats.completion_tokens += answer.generated - before_count
                     if answer.done or answer.generated >= params.max_new_tokens:
                         break
                     logits = self._step(lambda: decode_one_token(model, token, self._cache))
@@ -316,6 +312,7 @@ class TorchBackend(SerialBackend):
                     f"the torch backend failed while generating on {self.device}: {exc}", cause="runtime_error"
                 ) from exc
             finally:
+                stats.completion_tokens += answer.generated  # counted before each chunk is sent
                 # the cache holds the prompt and the answer up to its last decoded token
                 self._context = (prompt + generated)[: self._cache.length]
 

@@ -64,7 +64,7 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty)
 
 
-def sampling_params(request: Any, max_new_tokens: int, **extra: Any) -> SamplingParams:
+def sampling_params(request: Any, max_new_tokens: int) -> SamplingParams:
     """The request's sampling options (a chat or completions request) with the defaults filled in."""
     return SamplingParams(
         max_new_tokens=max_new_tokens,
@@ -74,5 +74,4 @@ def sampling_params(request: Any, max_new_tokens: int, **extra: Any) -> Sampling
         stop_at_eog=not getattr(request, "ignore_eos", False),
         presence_penalty=getattr(request, "presence_penalty", None) or 0.0,
         frequency_penalty=getattr(request, "frequency_penalty", None) or 0.0,
-        **extra,
     )
