@@ -19,15 +19,16 @@ import contextlib
 import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import AsyncIterator, Iterator
-from typing import Any, ClassVar, Literal
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any, ClassVar, Literal, TypeVar
 
 from .errors import BackendError, BackendUnavailableError
 
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
-__all__ = ["SYNC_WORKERS", "Backend", "SerialBackend"]
+__all__ = ["SYNC_WORKERS", "Backend", "SerialBackend", "iterate_in_worker"]
 
+T = TypeVar("T")
 _DONE = object()
 #: Threads that run synchronous backends' streams for async callers, process-wide. A local
 #: runtime serves one request at a time anyway (:class:`SerialBackend`): more threads would
@@ -43,6 +44,47 @@ def _sync_executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=SYNC_WORKERS, thread_name_prefix="edgecloud-sync")
         return _executor
+
+
+async def iterate_in_worker(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
+    """Items of the synchronous iterator ``make()``, produced on the shared worker pool (at most
+    :data:`SYNC_WORKERS` at once) and handed to the event loop one at a time; closing this
+    iterator stops the producer at its next item."""
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue[Any] = asyncio.Queue()
+    stop = threading.Event()
+
+    def worker() -> None:
+        if stop.is_set():  # the caller gave up while this waited for a free worker
+            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+            return
+        gen: Any = None
+        try:
+            gen = make()
+            for item in gen:
+                if stop.is_set():
+                    break
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
+            loop.call_soon_threadsafe(queue.put_nowait, exc)
+        finally:
+            close = getattr(gen, "close", None)
+            if close is not None:
+                close()
+            loop.call_soon_threadsafe(queue.put_nowait, _DONE)
+
+    future = loop.run_in_executor(_sync_executor(), worker)
+    try:
+        while True:
+            item = await queue.get()
+            if item is _DONE:
+                break
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        await asyncio.shield(future)
 
 
 class Backend(ABC):
@@ -87,40 +129,8 @@ class Backend(ABC):
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Async twin of :meth:`stream`: runs it on the shared worker pool, one chunk at a time."""
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[Any] = asyncio.Queue()
-        stop = threading.Event()
-
-        def worker() -> None:
-            if stop.is_set():  # the caller gave up while this waited for a free worker
-                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-                return
-            gen = self.stream(request)
-            try:
-                for chunk in gen:
-                    if stop.is_set():
-                        break
-                    loop.call_soon_threadsafe(queue.put_nowait, chunk)
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
-                loop.call_soon_threadsafe(queue.put_nowait, exc)
-            finally:
-                close = getattr(gen, "close", None)
-                if close is not None:
-                    close()
-                loop.call_soon_threadsafe(queue.put_nowait, _DONE)
-
-        future = loop.run_in_executor(_sync_executor(), worker)
-        try:
-            while True:
-                item = await queue.get()
-                if item is _DONE:
-                    break
-                if isinstance(item, BaseException):
-                    raise item
-                yield item
-        finally:
-            stop.set()
-            await asyncio.shield(future)
+        async for chunk in iterate_in_worker(lambda: self.stream(request)):
+            yield chunk
 
     async def acomplete(self, request: ChatRequest) -> ChatCompletion:
         """Async twin of :meth:`complete`."""

@@ -1,6 +1,6 @@
 """EdgeCloud / AsyncEdgeCloud: the OpenAI-shaped client app developers use.
 
-``client.chat.completions.create(messages=..., stream=..., route=..., privacy=...)`` validates
+``client.chat.completions.create(messages=..., stream=..., route=..., privacy=..., collab=...)`` validates
 the request (bad input raises :class:`~edgecloud.errors.InvalidRequestError` before any
 backend runs), then :class:`~edgecloud.hybrid.Hybrid` routes it to the device or the cloud,
 falls back between them (also mid-stream), and prices it. Answers have the ``openai``
@@ -54,6 +54,7 @@ class _BaseEdgeCloud:
         n_ctx: int | None = None,
         device: str = "this",
         edge_runtime: str | None = None,
+        collab: str | None = None,
     ) -> None:
         overrides: dict[str, Any] = {
             "cloud_base_url": [cloud_base_url] if isinstance(cloud_base_url, str) else cloud_base_url,
@@ -62,6 +63,8 @@ class _BaseEdgeCloud:
             "n_ctx": n_ctx,
             "edge_runtime": edge_runtime,
         }
+        if collab is not None:
+            overrides["collab"] = {"mode": collab}
         settings = settings_from(config, **overrides)
         if edge_model is not _UNSET:  # None is meaningful here: no edge model at all
             settings = settings.model_copy(update={"edge_model": None if edge_model is None else str(edge_model)})
@@ -99,8 +102,9 @@ class _Completions:
     ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
         """OpenAI-shaped chat completion; ``stream=True`` returns an iterator of chunks.
 
-        Besides the OpenAI fields: ``route="auto"|"edge"|"cloud"`` and
-        ``privacy="default"|"local_only"``.
+        Besides the OpenAI fields: ``route="auto"|"edge"|"cloud"``,
+        ``privacy="default"|"local_only"`` and ``collab="auto"|"off"|"token"|"verified"|"cascade"``
+        (how the sides share the answer; default: the client's ``collab`` setting).
         """
         request = self._client._build(messages, stream=stream, **params)
         if stream:

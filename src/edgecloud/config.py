@@ -1,7 +1,7 @@
 """Settings of the EdgeCloud client, and where they come from.
 
 This module owns :class:`EdgeCloudSettings` (with its sections :class:`RouterSettings`,
-:class:`FallbackSettings` and :class:`Prices`) and :func:`load_settings`, which layers them,
+:class:`FallbackSettings`, :class:`Prices` and :class:`CollabSettings`) and :func:`load_settings`, which layers them,
 highest priority first::
 
     keyword overrides  >  EDGECLOUD_* environment  >  edgecloud.toml  >  defaults
@@ -61,7 +61,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
 
 __all__ = [
     "CONFIG_ENV", "DEFAULT_CONFIG_FILE", "EDGE_RUNTIMES", "ENV_PREFIX", "EdgeCloudSettings", "EdgeRuntime",
-    "FallbackSettings", "Prices", "RouterSettings", "load_settings", "to_toml_example",
+    "CollabMode", "CollabSettings", "FallbackSettings", "Prices", "RouterSettings", "load_settings", "to_toml_example",
 ]
 
 ENV_PREFIX = "EDGECLOUD_"
@@ -154,6 +154,38 @@ class FallbackSettings(_Section):
     mid_stream: bool = Field(True, description="Continue a broken stream on the other side.")
 
 
+CollabMode = Literal["auto", "off", "token", "verified", "cascade"]
+
+
+class CollabSettings(_Section):
+    """How the edge and the cloud share one answer (see :mod:`edgecloud.collab`)."""
+
+    mode: CollabMode = Field(
+        "auto",
+        description="auto: token mode for answers that start on the edge (when a cloud is configured); off: one side "
+                    "answers; token: the cloud writes spans where the edge is unsure; verified: the cloud checks the "
+                    "edge's drafts (greedy text identical to the cloud's); cascade: the buffered middle-band check.",
+    )
+    gate_signal: Literal["entropy", "top1", "margin"] = Field(
+        "top1", description="Token mode: what the gate reads from the edge's next-token distribution.",
+    )
+    gate: float = Field(
+        0.5, ge=0, le=1,
+        description="Token mode: hand a span to the cloud when the edge's unsure-score for its next token is above "
+                    "this (top1: 1 - p(top token); margin: 1 - (p1 - p2); entropy: 1 - exp(-H)).",
+    )
+    span_tokens: int = Field(16, ge=1, le=512, description="Token mode: most tokens the cloud writes per span.")
+    span_stop: Literal["line", "tokens"] = Field(
+        "line", description="Token mode: a span also ends at the end of a line ('line') or only at span_tokens.",
+    )
+    span_timeout_s: float = Field(
+        3.0, gt=0, description="Token mode: a span whose first token is not back in this many seconds is "
+                               "dropped and the edge writes on alone.",
+    )
+    top_logprobs: int = Field(10, ge=2, le=20, description="Alternatives per edge token the gate reads.")
+    draft_max: int = Field(12, ge=1, le=64, description="Verified mode: most tokens the edge drafts per check.")
+
+
 class EdgeCloudSettings(BaseSettings):
     """Everything the client reads at start-up. Build it with :func:`load_settings`."""
 
@@ -185,6 +217,7 @@ class EdgeCloudSettings(BaseSettings):
     router: RouterSettings = Field(default_factory=RouterSettings, description="Routing.")
     fallback: FallbackSettings = Field(default_factory=FallbackSettings, description="Failures and fallback.")
     prices: Prices = Field(default_factory=Prices, description="Prices for cost reporting.")
+    collab: CollabSettings = Field(default_factory=CollabSettings, description="Edge-cloud collaboration per answer.")
 
     @classmethod
     def settings_customise_sources(
@@ -220,7 +253,9 @@ class EdgeCloudSettings(BaseSettings):
         return value
 
 
-_SECTIONS: dict[str, type[BaseModel]] = {"router": RouterSettings, "fallback": FallbackSettings, "prices": Prices}
+_SECTIONS: dict[str, type[BaseModel]] = {
+    "router": RouterSettings, "fallback": FallbackSettings, "prices": Prices, "collab": CollabSettings,
+}
 _SECRETS = {"cloud_api_key"}
 
 

@@ -38,12 +38,15 @@ import os
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from .backend import Backend
+from .backend import Backend, iterate_in_worker
 from .config import EDGE_RUNTIMES, EdgeCloudSettings, load_settings
 from .errors import ConfigError, InvalidRequestError
 from .fallback import Attempt, CircuitBreaker, FailoverStream, Part
+
+if TYPE_CHECKING:
+    from .collab import CollabRun
 from .observability.client_metrics import ClientMetrics
 from .observability.cost import CostModel, CostTotals
 from .observability.tracing import chat_span
@@ -244,6 +247,43 @@ class Hybrid(Backend):
             return decision
         return self.policy.decide(request, available=available or ["edge", "cloud"])
 
+    def collab_mode(self, request: ChatRequest, decision: RouteDecision) -> str:
+        """How the sides share this answer: ``off``, ``token``, ``verified`` or ``cascade``.
+
+        Nothing is shared when one side is missing or privacy keeps the request on the device.
+        ``auto`` runs token mode for every answer the edge can start, also those the router's
+        score would send to the cloud (the score does not carry over to unseen tasks; the
+        gate reads the edge's own uncertainty while it writes): only ``route="cloud"``, a
+        prompt the edge cannot hold, or an edge that is down start on the cloud
+        (``route="edge"`` says where to start, so it collaborates too). An explicit ``token``
+        or ``verified`` likewise. ``verified`` cannot redact (it sends token ids), so
+        under ``pii="redact"`` it runs token mode.
+        """
+        mode = request.collab or self.settings.collab.mode
+        if decision.local_only or mode == "off" or not self.clouds or not self._edge_configured:
+            return "off"
+        if not self.edge_breaker.available() or decision.kind in ("context", "unavailable", "only_side"):
+            return "off"
+        if decision.pinned and decision.target == "cloud":
+            return "off"
+        if mode == "cascade":
+            return "cascade" if decision.cascade and self.settings.router.cascade and decision.target == "edge" else "off"
+        edge = self.edge
+        if edge is None:
+            return "off"
+        if not edge.supports_logprobs and mode != "verified":
+            if mode == "auto":
+                return "off"
+            raise ConfigError(f"collab='token' reads the edge's token logprobs; the {edge.name} runtime gives none: "
+                              "use edge_runtime='llamacpp' or collab='off'")
+        if mode == "verified" and decision.redaction is not None:
+            decision.reason += "; verified mode cannot redact PII (it sends token ids): token mode instead"
+            mode = "token"
+        if decision.target == "cloud":
+            decision.target = "edge"
+            decision.reason += "; the edge starts and the cloud writes where it is unsure"
+        return "token" if mode == "auto" else mode
+
     def _attempts(self, decision: RouteDecision, request: ChatRequest) -> list[Attempt]:
         clouds = self._cloud_attempts()
         if decision.redaction is not None and decision.messages is not None:
@@ -370,7 +410,9 @@ class _Run:
         self.hybrid, self.request = hybrid, request
         self.started = time.perf_counter()
         self.decision = decision = hybrid.decide(request)
-        self.route = RouteInfo(target=decision.target, backend="", reason=decision.reason, score=decision.score)
+        self.collab = hybrid.collab_mode(request, decision)
+        self.route = RouteInfo(target=decision.target, backend="", reason=decision.reason, score=decision.score,
+                               collab=self.collab)
         hybrid.metrics.route(decision.target, decision.kind)
         self.model = hybrid._edge_name() if decision.target == "edge" else (hybrid.settings.cloud_model or "cloud")
         self.parts: list[Part] = []
@@ -379,9 +421,9 @@ class _Run:
         self.ok = self.cancelled = False
         self._span: Any = None
         self.attempts = hybrid._attempts(decision, request)
-        settings = hybrid.settings
-        self.cascade = (decision.cascade and settings.router.cascade and decision.target == "edge"
-                        and len(self.attempts) > 1)
+        if self.collab in ("token", "verified") and {a.side for a in self.attempts} != {"edge", "cloud"}:
+            self.collab = self.route.collab = "off"  # a cloud circuit is open: one side answers
+        self.cascade = self.collab == "cascade"
 
     def span(self) -> Any:
         """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""
@@ -397,8 +439,32 @@ class _Run:
 
     def finalize(self, chunk: ChatCompletionChunk, done: list[Part]) -> None:
         self.parts[:] = done
+        if self.route.tokens is None or self.collab in ("off", "cascade"):
+            # who wrote how much, from the parts (a collaborative run counts as it goes)
+            tokens = {"edge": 0, "cloud": 0}
+            for part in done:
+                tokens[part.side] += part.completion_tokens
+            self.route.tokens, self.route.cloud_calls = tokens, sum(p.side == "cloud" for p in done)
+            if chunk.route is not None:
+                chunk.route.tokens, chunk.route.cloud_calls = dict(tokens), self.route.cloud_calls
         chunk.cost = self.hybrid._cost(self.parts, chunk.usage)
         self.final = chunk
+
+    def on_span(self, mode: str, outcome: str, cloud_tokens: int, seconds: float) -> None:
+        self.hybrid.metrics.collab_span(mode, outcome)
+        self._span.add_span_event(mode, outcome, cloud_tokens, seconds)
+
+    def _collab(self) -> CollabRun:
+        """The collaborative run for this request (token or verified mode)."""
+        from .collab import CollabHooks, TokenCollab, VerifiedCollab
+
+        edge = next(a.backend for a in self.attempts if a.side == "edge")
+        clouds = [a for a in self.attempts if a.side == "cloud"]
+        hooks = CollabHooks(on_fallback=self.on_fallback, finalize=self.finalize, on_span=self.on_span)
+        kind = TokenCollab if self.collab == "token" else VerifiedCollab
+        self.route.reason += f"; {self.collab} mode: the edge writes, the cloud " + (
+            "writes spans where the edge is unsure" if self.collab == "token" else "verifies its drafts")
+        return kind(self.request, edge, clouds, self.hybrid.settings.collab, self.route, hooks)
 
     def _stream(self, attempts: list[Attempt], request: ChatRequest) -> FailoverStream:
         return FailoverStream(attempts, request, self.route, self.hybrid.settings.fallback.mid_stream,
@@ -412,6 +478,9 @@ class _Run:
         return self.request.model_copy(update={"logprobs": True})
 
     def chunks_sync(self) -> Iterable[ChatCompletionChunk]:
+        if self.collab in ("token", "verified"):
+            yield from self._collab().chunks()
+            return
         if not self.cascade:
             yield from self._stream(self.attempts, self.request)
             return
@@ -421,6 +490,12 @@ class _Run:
         yield from verdict
 
     async def chunks_async(self) -> AsyncIterator[ChatCompletionChunk]:
+        if self.collab in ("token", "verified"):
+            # the edge decodes on a worker thread anyway: the whole collaborative loop runs there
+            run = self._collab()
+            async for chunk in iterate_in_worker(run.chunks):
+                yield chunk
+            return
         if not self.cascade:
             async for chunk in self._stream(self.attempts, self.request):
                 yield chunk
@@ -448,7 +523,9 @@ class _Run:
         hybrid.metrics.request(route.target, ttft=self.first_token, e2e=time.perf_counter() - self.started,
                                usage=last.usage if last else None, cost=cost, ok=self.ok, cancelled=self.cancelled)
         if self.ok and cost is not None:
-            hybrid.totals.add(cost, route.target, fallbacks=len(route.fallbacks))
+            hybrid.totals.add(cost, route.target, fallbacks=len(route.fallbacks), tokens=route.tokens)
+        if self.ok and self.collab in ("token", "verified") and route.tokens:
+            hybrid.metrics.collab_answer(route.tokens)
         if last is not None:
             finish = last.choices[0].finish_reason if last.choices else None
             self._span.set_route(route.target, route.backend, route.reason, route.score)

@@ -246,6 +246,9 @@ class ChatRequest(_Validated):
     # edgecloud extensions
     route: Literal["auto", "edge", "cloud"] = "auto"
     privacy: Literal["default", "local_only"] = "default"
+    #: How the edge and the cloud share this answer (None: the client's setting); see
+    #: :mod:`edgecloud.collab`.
+    collab: Literal["auto", "off", "token", "verified", "cascade"] | None = None
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -332,6 +335,12 @@ class RouteInfo(BaseModel):
     reason: str = ""
     score: float | None = None
     fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+    #: Answer tokens each side generated (``{"edge": n, "cloud": m}``), on the final chunk.
+    tokens: dict[str, int] | None = None
+    #: Requests sent to the cloud for this answer (spans, verifications, a whole answer).
+    cloud_calls: int | None = None
+    #: How the sides shared the answer: ``off``, ``token``, ``verified`` or ``cascade``.
+    collab: str | None = None
 
 
 class CostInfo(BaseModel):

@@ -67,13 +67,15 @@ def test_unknown_target_is_refused() -> None:
 
 def test_totals_sum_requests_sides_and_savings() -> None:
     model, totals = CostModel(PRICES), CostTotals()
-    totals.add(model.price("cloud", usage(1000, 200)), "cloud")
-    totals.add(model.price("edge", usage(1000, 200), edge_seconds=2.5), "edge", fallbacks=1)
+    totals.add(model.price("cloud", usage(1000, 200)), "cloud", tokens={"edge": 0, "cloud": 200})
+    totals.add(model.price("edge", usage(1000, 200), edge_seconds=2.5), "edge", fallbacks=1,
+               tokens={"edge": 150, "cloud": 50})
     snap = totals.snapshot()
     assert snap == {
         "requests": 2, "edge_requests": 1, "cloud_requests": 1, "fallbacks": 1,
         "cost_usd": 0.00105, "cloud_equivalent_usd": 0.0016, "saved_usd": 0.00055,
         "saved_pct": 34.375, "edge_seconds": 2.5, "cloud_input_tokens": 1000, "cloud_output_tokens": 200,
+        "edge_answer_tokens": 150, "cloud_answer_tokens": 250, "cloud_token_share": 0.625,
     }
     totals.reset()
     assert totals.snapshot()["requests"] == 0 and totals.snapshot()["saved_pct"] == 0.0

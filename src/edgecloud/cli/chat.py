@@ -4,7 +4,10 @@ One-shot mode prints only the answer on stdout (where it ran, why, speed and cos
 stderr) so it composes in pipelines. The REPL keeps the conversation (the edge runtime
 reuses its KV prefix turn after turn), streams with rich, tags each answer with its route in
 a dim footer, and Ctrl-C stops the current answer, not the program. With ``--cloud-url`` the
-router picks edge or cloud per question (``--route`` pins it); ``/stats`` shows the totals.
+edge starts every answer and the cloud writes the parts the edge is unsure of (token mode;
+``--collab`` picks another way, ``--route`` pins a side): in the REPL the cloud's text is shown
+in magenta, the footer says how many tokens each side wrote, and ``/stats`` the totals with the
+share of answer tokens the cloud wrote.
 ``--backend`` picks the edge runtime: llama.cpp (default), torch (the engine on cuda/mps/cpu) or
 onnx (an ``edgecloud export onnx`` folder, given as ``--model DIR``, run by onnxruntime-genai).
 """
@@ -32,6 +35,8 @@ DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 #: Runtimes whose ``--model`` is an export folder (``edgecloud export onnx --out DIR``), not a GGUF model to pull.
 _FOLDER_MODELS = frozenset({"onnx"})
 
+#: How text the cloud wrote is shown in the chat (the edge's is plain).
+CLOUD_STYLE = "magenta"
 _HELP = ("/reset clears the conversation · /stats shows speed, routes and cost · /exit quits · "
          "Ctrl-C stops an answer")
 
@@ -65,6 +70,12 @@ class TurnStats:
             where = f"{self.route.target}/{self.route.backend} ({self.route.reason})"
             for f in self.route.fallbacks:
                 where += f" · fell back {f['from']}→{f['to']} ({f['cause']}, after {f['at_chars']} chars)"
+            tokens = self.route.tokens
+            if self.route.collab in ("token", "verified") and tokens:
+                written = sum(tokens.values())
+                share = 100.0 * tokens.get("cloud", 0) / written if written else 0.0
+                where += (f" · {tokens.get('cloud', 0)} of {written} tokens by the cloud ({share:.0f}%, "
+                          f"{self.route.cloud_calls} cloud calls)")
         if u is None:  # stopped before the final chunk: no token counts
             return f"{where} · TTFT {ttft} · {self.chars} characters before it stopped · finish {self.finish_reason}"
         cost = f" · ${self.cost_usd:.6f}" if self.cost_usd else ""
@@ -75,9 +86,10 @@ class TurnStats:
 
 
 def stream_answer(
-    client: EdgeCloud, messages: list[ChatMessage], params: dict[str, Any], write: Callable[[str], object]
+    client: EdgeCloud, messages: list[ChatMessage], params: dict[str, Any], write: Callable[[str, str], object]
 ) -> tuple[str, TurnStats]:
-    """Stream one answer through ``write``; Ctrl-C stops it and keeps the text so far."""
+    """Stream one answer through ``write(text, side)`` (``side``: who wrote it, edge or cloud);
+    Ctrl-C stops it and keeps the text so far."""
     stats = TurnStats()
     parts: list[str] = []
     start = time.perf_counter()
@@ -94,7 +106,7 @@ def stream_answer(
 
 
 def _take(
-    chunk: ChatCompletionChunk, stats: TurnStats, parts: list[str], write: Callable[[str], object], start: float
+    chunk: ChatCompletionChunk, stats: TurnStats, parts: list[str], write: Callable[[str, str], object], start: float
 ) -> None:
     text = chunk.text
     if text:
@@ -102,7 +114,7 @@ def _take(
             stats.ttft_s = time.perf_counter() - start
         parts.append(text)
         stats.chars += len(text)
-        write(text)
+        write(text, chunk.route.target if chunk.route is not None else "edge")
     if chunk.usage is not None:
         stats.usage = chunk.usage
     if chunk.route is not None:
@@ -126,6 +138,10 @@ def chat_command(
     ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the planner's choice)."),
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
     route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
+    collab: str | None = typer.Option(
+        None, "--collab", help="How edge and cloud share an answer: auto, off, token, verified or cascade "
+                               "(default: the settings' collab.mode, auto).",
+    ),
     backend: str = typer.Option("llamacpp", "--backend", help=f"Edge runtime: {', '.join(EDGE_RUNTIMES)}."),
     cloud_url: list[str] = typer.Option(
         [], "--cloud-url", help="OpenAI-compatible endpoint (repeat for fallbacks; or EDGECLOUD_CLOUD_BASE_URL)."
@@ -144,7 +160,7 @@ def chat_command(
                                  param_hint="--backend")
     try:
         client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
-                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend)
+                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend, collab=collab)
         if backend in _FOLDER_MODELS:
             client.edge  # an ONNX folder that is not an export fails here, with the other set-up errors
     except EdgeCloudError as exc:
@@ -178,14 +194,16 @@ def chat_command(
 def _totals(client: EdgeCloud) -> str:
     t = client.stats()
     return (f"{t['requests']} answers: {t['edge_requests']} on the edge, {t['cloud_requests']} on the cloud, "
-            f"{t['fallbacks']} fallbacks · cost ${t['cost_usd']:.6f} · saved ${t['saved_usd']:.6f} "
+            f"{t['fallbacks']} fallbacks · {t['cloud_answer_tokens']} of "
+            f"{t['edge_answer_tokens'] + t['cloud_answer_tokens']} answer tokens by the cloud "
+            f"({100 * t['cloud_token_share']:.0f}%) · cost ${t['cost_usd']:.6f} · saved ${t['saved_usd']:.6f} "
             f"vs all-cloud ({t['saved_pct']:.0f}%)")
 
 
 def _one_shot(client: EdgeCloud, history: list[ChatMessage], prompt: str, params: dict[str, Any], err: Console) -> None:
     try:
         messages = [*history, ChatMessage(role="user", content=prompt)]
-        write = lambda t: (sys.stdout.write(t), sys.stdout.flush())  # noqa: E731
+        write = lambda t, side: (sys.stdout.write(t), sys.stdout.flush())  # noqa: E731 - stdout: the answer only
         _, stats = stream_answer(client, messages, params, write)
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
@@ -229,7 +247,7 @@ def _repl(client: EdgeCloud, history: list[ChatMessage], model: str, params: dic
         try:
             answer, last = stream_answer(
                 client, history, params,
-                lambda t: out.print(t, end="", markup=False),
+                lambda t, side: out.print(t, end="", markup=False, style=CLOUD_STYLE if side == "cloud" else None),
             )
         except EdgeCloudError as exc:
             history.pop()

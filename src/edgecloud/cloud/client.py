@@ -86,6 +86,7 @@ from ..errors import (
     ModelNotFoundError,
     RateLimitedError,
 )
+from ..runtime.scoring import TokenScore
 from ..types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -104,7 +105,7 @@ __all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend", "RetryPolicy"]
 
 _FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error"})
 # Set on the request by the sender, never copied from the caller's request.
-_NOT_FORWARDED = {"route", "privacy", "model", "stream", "stream_options"}
+_NOT_FORWARDED = {"route", "privacy", "collab", "model", "stream", "stream_options"}
 _STREAM_HEADERS = {"Accept": "text/event-stream"}
 # In-band error events rarely carry a status; their OpenAI ``type`` says which one it would be.
 _STATUS_OF_TYPE = {
@@ -446,9 +447,9 @@ class CloudBackend(Backend):
             )
         return _EventReader(self._chat_url, self._route, self.model)
 
-    def _build(self, client: httpx.Client | httpx.AsyncClient, body: dict[str, Any]) -> httpx.Request:
-        headers = {**self._headers, **_STREAM_HEADERS}
-        return client.build_request("POST", self._chat_url, json=body, headers=headers, timeout=self._timeout)
+    def _build(self, client: httpx.Client | httpx.AsyncClient, body: dict[str, Any], url: str | None = None) -> httpx.Request:
+        headers = {**self._headers, **_STREAM_HEADERS} if url is None else self._headers
+        return client.build_request("POST", url or self._chat_url, json=body, headers=headers, timeout=self._timeout)
 
     def _transport_failure(self, exc: httpx.TransportError, attempt: int, url: str) -> _Failure:
         tries = f" after {attempt + 1} attempts" if attempt else ""
@@ -495,14 +496,14 @@ class CloudBackend(Backend):
 
     # ------------------------------------------------------------------ sync
 
-    def _post(self, body: dict[str, Any]) -> httpx.Response:
+    def _post(self, body: dict[str, Any], url: str | None = None) -> httpx.Response:
         """POST the request, retrying as :attr:`retry` allows; a 2xx response, still streaming."""
         attempt = 0
         while True:
             try:
-                response = self._client.send(self._build(self._client, body), stream=True)
+                response = self._client.send(self._build(self._client, body, url), stream=True)
             except httpx.TransportError as exc:
-                failure = self._transport_failure(exc, attempt, self._chat_url)
+                failure = self._transport_failure(exc, attempt, url or self._chat_url)
             else:
                 if response.is_success:
                     return response
@@ -528,6 +529,51 @@ class CloudBackend(Backend):
                 raise self._broken(exc, reader) from exc
         finally:
             response.close()
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """How the endpoint's model scores ``tokens[start:]``, and its greedy next token.
+
+        One ``POST {root}/completions`` with the token ids as the prompt, ``echo``, ``logprobs``,
+        ``max_tokens=1`` and ``return_tokens_as_token_ids`` (as vLLM accepts it; ``score_from``
+        lets ``edgecloud serve`` reuse its prefix cache). Raises
+        :class:`~edgecloud.errors.ConfigError` when the endpoint cannot score a continuation.
+        """
+        self._reader()  # raises when closed
+        url = f"{self.base_url}/completions"
+        body = {"model": self.model, "prompt": tokens, "max_tokens": 1, "temperature": 0, "echo": True,
+                "logprobs": max(1, top_n), "return_tokens_as_token_ids": True, "score_from": start}
+        try:
+            response = self._post(body, url)
+        except (InvalidRequestError, ModelNotFoundError) as exc:
+            if isinstance(exc, ContextOverflowError):
+                raise
+            raise ConfigError(f"{url} cannot score a continuation (echo + logprobs on /completions): {exc}; "
+                              "use collab='token', or serve the cloud model with edgecloud serve --engine llamacpp "
+                              "or vLLM") from exc
+        try:
+            try:
+                payload = json.loads(response.read())
+                logprobs = payload["choices"][0]["logprobs"]
+                raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
+            except (ValueError, KeyError, IndexError, TypeError) as exc:
+                raise BackendError(f"{url} answered a scoring request without token logprobs", cause="malformed_stream") from exc
+            finally:
+                response.close()
+        except httpx.HTTPError as exc:
+            raise BackendError(f"the scoring answer from {url} broke: {exc}", cause="disconnected") from exc
+        if len(raw_tokens) < len(tokens) + 1:
+            raise ConfigError(f"{url} did not return the greedy next token with the echoed prompt (max_tokens=1)")
+
+        def token_id(name: str) -> int:
+            if not name.startswith("token_id:"):
+                raise ConfigError(f"{url} does not name tokens by id (return_tokens_as_token_ids); cannot verify drafts")
+            return int(name[len("token_id:"):])
+
+        scores = []
+        for i in range(start, len(tokens) + 1):
+            top = sorted(((token_id(k), float(v)) for k, v in (raw_tops[i] or {}).items()), key=lambda kv: -kv[1])
+            scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0), top=top[:max(1, top_n)]))
+        return scores[:-1], scores[-1]
 
     def load(self) -> None:
         """Check the endpoint now: ``GET {root}/models`` answers and lists ``model``.

@@ -1,7 +1,7 @@
 """The torch engine as a :class:`~edgecloud.backend.Backend`: what ``edgecloud serve`` runs.
 
 This module owns :class:`TorchEngineBackend`. It turns a :class:`~edgecloud.types.ChatRequest`
-(or a :class:`~edgecloud.cloud.completions.CompletionRequest`) into OpenAI-shaped chunks:
+(or a :class:`~edgecloud.runtime.completions.CompletionRequest`) into OpenAI-shaped chunks:
 the GGUF's chat template and llama.cpp's tokenizer (:class:`~edgecloud.engine.Tokenizer`),
 the continuous-batching :class:`~edgecloud.cloud.scheduler.Scheduler` for generation (many
 requests share each forward pass; shared prompt prefixes are reused), and
@@ -45,7 +45,7 @@ from ..types import (
     FinishReason,
     RouteInfo,
 )
-from .completions import Completion, CompletionChoice, CompletionRequest, new_text_completion_id
+from ..runtime.completions import Completion, CompletionChoice, CompletionRequest, new_text_completion_id
 from .speculative import LlamaDraftProposer, NgramProposer, Proposer, SpecConfig, Speculator
 from .scheduler import (
     DEFAULT_MAX_BATCH,

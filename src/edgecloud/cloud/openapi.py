@@ -4,8 +4,8 @@ The routes read their JSON bodies themselves (to bound size and nesting before p
 answer every failure in OpenAI's error shape), so FastAPI cannot infer their schemas. This
 module writes them from the same pydantic models that validate the requests and build the
 answers: :class:`~edgecloud.types.ChatRequest` / :class:`~edgecloud.types.ChatCompletion`,
-:class:`~edgecloud.cloud.completions.CompletionRequest` /
-:class:`~edgecloud.cloud.completions.Completion`, and the OpenAI error body, so schema-driven
+:class:`~edgecloud.runtime.completions.CompletionRequest` /
+:class:`~edgecloud.runtime.completions.Completion`, and the OpenAI error body, so schema-driven
 tools (schemathesis, client generators) see the real shapes.
 """
 
@@ -17,7 +17,7 @@ from pydantic import BaseModel
 
 from .._version import __version__
 from ..types import ChatCompletion, ChatRequest
-from .completions import Completion, CompletionRequest
+from ..runtime.completions import Completion, CompletionRequest
 
 __all__ = ["openapi_document"]
 

@@ -67,7 +67,7 @@ from ..errors import (
 from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..observability.server_metrics import ServerMetrics
 from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, load_json, now
-from .completions import Completion, CompletionRequest, CompletionsBackend
+from ..runtime.completions import Completion, CompletionRequest, CompletionsBackend, ScoringBackend, scored_completion
 from .openapi import openapi_document
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
@@ -286,6 +286,16 @@ def create_app(
             check_key(request)
             body = CompletionRequest.parse(await _read_json(request, max_body_bytes))
             check_model(body.model)
+            if body.echo or body.logprobs is not None:
+                if not isinstance(backend, ScoringBackend):
+                    raise InvalidRequestError(
+                        f"echo/logprobs (scoring a continuation) is not served by the {backend.name} runtime; "
+                        "serve with the llama.cpp engine (edgecloud serve --engine llamacpp)", param="echo")
+                if body.stream:
+                    raise InvalidRequestError("a scoring request (echo + logprobs) is answered whole; set stream=false",
+                                              param="stream")
+                scored = await asyncio.to_thread(scored_completion, backend, body, model_name)
+                return Response(scored.model_dump_json(), media_type="application/json")
             if not isinstance(backend, CompletionsBackend):
                 raise InvalidRequestError(
                     f"/v1/completions is not served by the {backend.name} runtime; use /v1/chat/completions "

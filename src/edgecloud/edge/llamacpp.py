@@ -49,6 +49,8 @@ from ..errors import (
     ModelIntegrityError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+from ..runtime.chunks import log_partition
+from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.chat_template import ChatTemplate
 from ..runtime.chunks import AnswerChunks, answer_budget
 from ..runtime.gguf import read_gguf_spec
@@ -440,6 +442,95 @@ class LlamaCppBackend(SerialBackend):
         llm.n_tokens = keep
         llm.eval(target[keep:])
         self.stats.prefetched_tokens += todo
+
+    # ------------------------------------------------------------------ drafting and scoring
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """``text`` as this model's token ids (special tokens parsed, no BOS added)."""
+        with self._serving():
+            self._ensure_loaded()
+            return self._tokenize(text)
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` stands for in an answer (control tokens as nothing)."""
+        with self._serving():
+            self._ensure_loaded()
+            return self._piece(token)
+
+    def is_end(self, token: int) -> bool:
+        """Whether ``token`` ends generation (end of turn / end of text)."""
+        with self._serving():
+            self._ensure_loaded()
+            return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        """The next ``k`` greedy tokens after ``tokens`` (fewer when one ends generation; it is
+        included). The context keeps ``tokens`` and the draft, so the next call that shares a
+        prefix with them evaluates only what is new."""
+        if k < 1:
+            raise ConfigError(f"k must be >= 1, got {k}")
+        with self._serving():
+            llm = self._ensure_loaded()
+            check_token_ids(tokens, self._n_vocab, self.n_ctx - k)
+            self._started += 1
+            self._prefill(tokens)
+            out: list[int] = []
+            ctx, lib, n_vocab = llm.ctx, self._lib, self._n_vocab
+            while True:
+                logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+                token = int(logits.argmax())
+                out.append(token)
+                if len(out) >= k or lib.llama_vocab_is_eog(self._vocab, token):
+                    return out
+                llm.eval([token])
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """How this model scores ``tokens[start:]`` given what precedes each, in one forward pass
+        over the new positions, and its greedy next token after all of them.
+
+        Returns one :class:`~edgecloud.runtime.scoring.TokenScore` per scored position (the
+        token's logprob and the ``top_n`` best alternatives) and the score of the argmax token
+        that would follow. ``tokens[:start]`` reuses the context's KV where it can (the
+        prefix cache), so scoring a growing answer costs only its new tokens.
+        """
+        if not 1 <= start <= len(tokens):
+            raise ConfigError(f"start must be in 1..{len(tokens)}, got {start}")
+        with self._serving():
+            llm = self._ensure_loaded()
+            check_token_ids(tokens, self._n_vocab, self.n_ctx - 1)
+            self._started += 1
+            self._prefill(tokens[:start])
+            ctx, lib, n_vocab = llm.ctx, self._lib, self._n_vocab
+            last = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
+            scores: list[TokenScore] = []
+            rest = tokens[start:]
+            pending = last.copy()
+            for first in range(0, len(rest), max(1, llm.n_batch)):
+                batch = rest[first: first + llm.n_batch]
+                for token in batch[:1]:
+                    scores.append(self._score_row(pending, token, top_n))
+                n_past = llm.n_tokens
+                llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
+                llm._ctx.decode(llm._batch)
+                llm.input_ids[n_past: n_past + len(batch)] = batch
+                llm.n_tokens += len(batch)
+                for row in range(len(batch)):
+                    logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
+                    if row + 1 < len(batch):
+                        scores.append(self._score_row(logits, batch[row + 1], top_n))
+                    else:
+                        pending = logits.copy()
+            nxt = int(pending.argmax())
+            return scores, self._score_row(pending, nxt, top_n)
+
+    def _score_row(self, logits: Any, token: int, top_n: int) -> TokenScore:
+        log_z = log_partition(logits)
+        top: list[tuple[int, float]] = []
+        if top_n:
+            best = np.argpartition(logits, -top_n)[-top_n:]
+            best = best[np.argsort(-logits[best], kind="stable")]
+            top = [(int(t), min(0.0, float(logits[t]) - log_z)) for t in best.tolist()]
+        return TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z), top=top)
 
     # ------------------------------------------------------------------ sampling
 

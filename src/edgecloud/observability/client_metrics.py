@@ -89,7 +89,16 @@ class ClientMetrics:
             PREFIX + "client_cloud_equivalent_usd", "What the same tokens would have cost on the cloud.", registry=r
         )
         self.saved = Counter(PREFIX + "client_saved_usd", "Positive savings of running on the device.", registry=r)
+        self.collab_spans = Counter(
+            PREFIX + "collab_spans", "Cloud requests inside a collaborative answer (token-mode spans, verified "
+            "rounds), by mode and outcome.", ["mode", "outcome"], registry=r,
+        )
+        self.collab_tokens = Counter(
+            PREFIX + "collab_tokens", "Answer tokens of collaborative answers, by the side that wrote them.", ["side"],
+            registry=r,
+        )
         for side in _TARGETS:  # present (at 0) from the start, as scrapers expect
+            self.collab_tokens.labels(side)
             self.cost.labels(side)
             for outcome in ("ok", "error", "cancelled"):
                 self.requests.labels(side, outcome)
@@ -103,6 +112,15 @@ class ClientMetrics:
     def fallback(self, from_: str, to: str, cause: str) -> None:
         """A request switched from one side to the other; ``cause`` is a kind such as ``timeout``."""
         self.fallbacks.labels(_kind(from_), _kind(to), _kind(cause)).inc()
+
+    def collab_span(self, mode: str, outcome: str) -> None:
+        """One cloud request inside a collaborative answer ended (``outcome``: line, budget, finished, failed ...)."""
+        self.collab_spans.labels(_kind(mode), _kind(outcome)).inc()
+
+    def collab_answer(self, tokens: dict[str, int]) -> None:
+        """A collaborative answer finished with ``tokens`` written per side."""
+        for side, n in tokens.items():
+            self.collab_tokens.labels(_kind(side)).inc(n)
 
     def request(
         self,

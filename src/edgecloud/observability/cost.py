@@ -132,6 +132,9 @@ class _Sums:
     edge_seconds: float = 0.0
     cloud_input_tokens: int = 0
     cloud_output_tokens: int = 0
+    #: Answer tokens written by each side (collaborative answers split; others by where they ran).
+    edge_answer_tokens: int = 0
+    cloud_answer_tokens: int = 0
 
 
 class CostTotals:
@@ -141,8 +144,9 @@ class CostTotals:
         self._lock = threading.Lock()
         self._sums = _Sums()
 
-    def add(self, cost: CostInfo, target: str, fallbacks: int = 0) -> None:
-        """Count one finished request that ended on ``target`` after ``fallbacks`` switches."""
+    def add(self, cost: CostInfo, target: str, fallbacks: int = 0, tokens: dict[str, int] | None = None) -> None:
+        """Count one finished request that ended on ``target`` after ``fallbacks`` switches;
+        ``tokens``: answer tokens each side wrote (``route.tokens``)."""
         _check_target(target)
         with self._lock:
             s = self._sums
@@ -158,6 +162,9 @@ class CostTotals:
             s.edge_seconds += cost.edge_seconds
             s.cloud_input_tokens += cost.cloud_input_tokens
             s.cloud_output_tokens += cost.cloud_output_tokens
+            if tokens:
+                s.edge_answer_tokens += tokens.get("edge", 0)
+                s.cloud_answer_tokens += tokens.get("cloud", 0)
 
     def snapshot(self) -> dict[str, Any]:
         """The sums so far, plus ``saved_pct`` (saving as a percentage of the cloud equivalent)."""
@@ -167,6 +174,8 @@ class CostTotals:
             out[key] = _usd(out[key])
         equivalent = out["cloud_equivalent_usd"]
         out["saved_pct"] = round(100.0 * out["saved_usd"] / equivalent, 6) if equivalent > 0 else 0.0
+        written = out["edge_answer_tokens"] + out["cloud_answer_tokens"]
+        out["cloud_token_share"] = round(out["cloud_answer_tokens"] / written, 6) if written else 0.0
         return out
 
     def reset(self) -> None:

@@ -62,6 +62,16 @@ class ChatSpan:
             })
             self.span.set_attribute("edgecloud.fallbacks", self.fallbacks)
 
+    def add_span_event(self, mode: str, outcome: str, cloud_tokens: int, seconds: float) -> None:
+        """One cloud request inside a collaborative answer (a token-mode span, a verified round)."""
+        if self.span is not None:
+            self.span.add_event("edgecloud.collab.span", {
+                "edgecloud.collab.mode": mode,
+                "edgecloud.collab.outcome": outcome,
+                "edgecloud.collab.cloud_tokens": cloud_tokens,
+                "edgecloud.collab.seconds": seconds,
+            })
+
     def ttft(self, seconds: float) -> None:
         """The first token arrived ``seconds`` after the request started."""
         if self.span is not None:

@@ -1,0 +1,144 @@
+"""Verified mode: the edge drafts, the cloud checks each draft in one forward pass.
+
+This module owns :class:`VerifiedCollab`: speculative decoding with the draft model on the
+device and the target model behind an HTTP endpoint. Each round the edge drafts up to ``k``
+greedy tokens; the cloud scores prompt + answer + draft in one request
+(:meth:`~edgecloud.cloud.client.CloudBackend.score`: ``/v1/completions`` with ``echo`` and
+``logprobs``); the longest prefix of the draft the cloud would have written itself is kept,
+plus the cloud's own next token (its correction at the first disagreement, or one more token
+when it agreed with all of them). So the answer is the cloud's greedy answer, token for token,
+while the cloud runs one forward pass per round instead of one per token.
+
+``k`` adapts per answer: acceptance is tracked with the speculative engine's estimator
+(:class:`~edgecloud.cloud.speculative.adaptive.Acceptance`) and ``k`` maximises expected
+tokens per second from the measured cost of a draft token and of a cloud round.
+
+Needs an edge runtime that drafts token ids (the llama.cpp backend) and edge and cloud models
+that share a tokenizer (one model family); anything else is a
+:class:`~edgecloud.errors.ConfigError` at the first request. Sampling parameters are ignored:
+verified mode is greedy by definition. A cloud that fails mid-answer leaves the edge to
+finish alone (``route.fallbacks`` says so); an edge that fails hands the rest to the cloud.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from ..cloud.speculative.adaptive import Acceptance, expected_tokens
+from ..errors import ConfigError
+from ..fallback import Attempt
+from ..runtime.text_stream import TextStream
+from ..types import ChatCompletionChunk, FinishReason
+from .run import CollabRun
+
+__all__ = ["VerifiedCollab", "choose_k"]
+
+#: Acceptance assumed before the first round (a same-family draft agrees most of the time).
+PRIOR_ACCEPTANCE = 0.7
+
+
+def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
+    """The draft length with the most expected tokens per second: ``E[tokens](alpha, k)`` over
+    ``k`` draft tokens plus one cloud round."""
+    best, best_rate = 1, 0.0
+    for k in range(1, k_max + 1):
+        rate = expected_tokens(alpha, k) / (k * draft_s + round_s)
+        if rate > best_rate:
+            best, best_rate = k, rate
+    return best
+
+
+class VerifiedCollab(CollabRun):
+    """One answer in verified mode (see the module docstring)."""
+
+    mode = "verified"
+
+    def _drafter(self) -> Any:
+        edge = self.edge
+        if not all(hasattr(edge, name) for name in ("draft", "tokenize_chat", "token_bytes", "is_end")):
+            raise ConfigError(f"collab='verified' needs an edge runtime that drafts token ids (llama.cpp); "
+                              f"{edge.name} does not: use collab='token' or edge_runtime='llamacpp'")
+        return edge
+
+    def chunks(self) -> Iterator[ChatCompletionChunk]:
+        edge = self._drafter()
+        prompt = edge.tokenize_chat(self.request.message_dicts())
+        if self.request.continue_final_message:
+            raise ConfigError("collab='verified' starts answers; to continue a partial answer use collab='token'")
+        self.prompt_tokens = len(prompt)
+        room = (edge.n_ctx or 0) - len(prompt) - 1
+        budget = min(self.request.max_tokens or room, room)
+        text = TextStream(self.request.stop_sequences)
+        ids: list[int] = []
+        acceptance = Acceptance(PRIOR_ACCEPTANCE)
+        draft_s, round_s = 0.02, 0.1  # replaced by measurements after the first round
+        k = min(self.settings.draft_max, 4)
+        edge_part = self.new_part("edge", edge.name)
+        cloud_part = self.new_part("cloud", "cloud")
+        finish: FinishReason = "length"
+        while len(ids) < budget:
+            k = max(1, min(k, budget - len(ids)))
+            started = time.perf_counter()
+            draft = edge.draft(prompt + ids, k)
+            edge_s = time.perf_counter() - started
+            edge_part.seconds += edge_s
+            attempt = self.cloud_attempt()
+            if attempt is None:
+                kept, extra = draft, None  # no cloud to check with: the edge writes alone
+            else:
+                cloud_part.backend = attempt.backend.name
+                checked = self._check(attempt, prompt + ids, draft, cloud_part)
+                if checked is None:
+                    kept, extra = draft, None
+                else:
+                    kept, extra = checked
+                    acceptance.observe(len(draft), len(kept))
+                    draft_s = 0.7 * draft_s + 0.3 * edge_s / max(1, len(draft))
+                    round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - started - edge_s)
+            for side, token in [*(("edge", t) for t in kept), *((("cloud", extra),) if extra is not None else ())]:
+                ids.append(token)
+                if edge.is_end(token):
+                    finish = "stop"
+                    break
+                self.tokens[side] += 1
+                part = edge_part if side == "edge" else cloud_part
+                part.completion_tokens += 1
+                yield from self.emit(side, text.push(edge.token_bytes(token)),
+                                     backend=edge.name if side == "edge" else cloud_part.backend)
+                if text.stopped:
+                    finish = "stop"
+                    break
+                if len(ids) >= budget:
+                    break
+            if finish == "stop":
+                break
+            k = choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max)
+        yield from self.emit("edge", text.flush())
+        self.route.reason += f"; verified by the cloud in {self.cloud_calls} rounds"
+        yield from self.final(finish)
+
+    def _check(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Any) -> tuple[list[int], int] | None:
+        """The kept draft prefix and the cloud's next token, or None when the cloud failed (recorded)."""
+        self.cloud_calls += 1
+        started = time.perf_counter()
+        try:
+            scores, nxt = attempt.backend.score(tokens + draft, start=len(tokens), top_n=1)  # type: ignore[attr-defined]
+        except AttributeError as exc:
+            attempt.breaker.release()
+            raise ConfigError(f"collab='verified' needs a cloud client that scores continuations; "
+                              f"{attempt.backend.name} does not") from exc
+        except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
+            self.cloud_failed(attempt, exc, "verification")
+            self.span_done("failed", 0, time.perf_counter() - started)
+            return None
+        attempt.breaker.success()
+        part.prompt_tokens += len(tokens) + len(draft)
+        part.seconds += time.perf_counter() - started
+        kept = 0
+        while kept < len(draft) and scores[kept].argmax == draft[kept]:
+            kept += 1
+        extra = scores[kept].argmax if kept < len(draft) else nxt.token
+        self.span_done("verified", 1, time.perf_counter() - started)
+        return draft[:kept], extra

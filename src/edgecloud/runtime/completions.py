@@ -1,0 +1,240 @@
+"""The legacy text-completion shapes served on ``POST /v1/completions``.
+
+This module owns :class:`CompletionRequest` (validated like
+:class:`~edgecloud.types.ChatRequest`: a bad field raises
+:class:`~edgecloud.errors.InvalidRequestError` naming it), :class:`Completion` and
+:class:`CompletionChunk`, mirroring the ``openai`` client's ``Completion`` type. The prompt
+is raw text (no chat template) or a list of token ids, one prompt per request; options no
+engine implements (``n``/``best_of`` > 1, ``suffix``, penalties) are refused with a 400 that
+says so rather than silently ignored.
+
+**Scoring** (``echo`` with ``logprobs``): the prompt comes back with each token's logprob and
+its ``logprobs`` best alternatives, then at most one greedy token (``max_tokens`` 0 or 1):
+what a verifier needs to check a draft in one forward pass (the verified collaboration mode).
+``return_tokens_as_token_ids`` (vLLM's extension) names tokens ``"token_id:<id>"``;
+``score_from`` (edgecloud's extension) scores only prompt positions from that index on (the
+others are ``null``, as the first one always is), so a server with a prefix cache recomputes
+only what is new. Served by backends implementing :class:`ScoringBackend` (the llama.cpp
+runtime); vLLM answers the same request without ``score_from`` (it scores every position).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, Field, field_validator, model_validator
+
+from ..errors import InvalidRequestError
+from .scoring import TokenScore
+from ..types import FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_stop, check_text, now
+
+__all__ = [
+    "Completion",
+    "CompletionChoice",
+    "CompletionChunk",
+    "CompletionRequest",
+    "CompletionLogprobs",
+    "CompletionsBackend",
+    "ScoringBackend",
+    "new_text_completion_id",
+    "scored_completion",
+]
+
+#: OpenAI's default ``max_tokens`` for /v1/completions.
+DEFAULT_COMPLETION_TOKENS = 16
+
+
+class CompletionRequest(_Validated):
+    """A text completion request (``prompt`` is continued as is)."""
+
+    model: Text | None = None
+    prompt: str | list[str] | list[int]
+    max_tokens: int | None = Field(default=DEFAULT_COMPLETION_TOKENS, ge=0)
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    n: int | None = None
+    best_of: int | None = None
+    echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=20)
+    #: vLLM's extension: tokens in ``logprobs`` are named ``"token_id:<id>"``.
+    return_tokens_as_token_ids: bool = False
+    #: edgecloud's extension: with ``echo``, score only prompt positions >= this index.
+    score_from: int | None = Field(default=None, ge=1)
+    suffix: str | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    user: Text | None = None
+    #: vLLM's extension: keep generating past end-of-generation tokens.
+    ignore_eos: bool = False
+
+    @field_validator("prompt", mode="before")
+    @classmethod
+    def _one_prompt(cls, prompt: Any) -> Any:
+        if isinstance(prompt, list):
+            if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                return prompt  # token ids (checked against the vocabulary by the runtime)
+            if len(prompt) != 1 or not isinstance(prompt[0], str):
+                raise ValueError("send one prompt: a string or a list of token ids (lists of prompts are not supported)")
+            return [check_text(prompt[0])]
+        if not isinstance(prompt, str):
+            raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+        if not prompt:
+            raise ValueError("prompt must not be empty")
+        return check_text(prompt)
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_strings(cls, stop: Any) -> Any:
+        return check_stop(stop)
+
+    @model_validator(mode="after")
+    def _supported(self) -> CompletionRequest:
+        unsupported = {
+            "n": self.n not in (None, 1),
+            "best_of": self.best_of not in (None, 1),
+            "suffix": self.suffix is not None,
+            "presence_penalty": bool(self.presence_penalty),
+            "frequency_penalty": bool(self.frequency_penalty),
+        }
+        for field, bad in unsupported.items():
+            if bad:
+                raise InvalidRequestError(f"'{field}' is not supported by this server; leave it out", param=field)
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequestError("max_tokens=0 only makes sense with echo=true (scoring the prompt)", param="max_tokens")
+        if self.score_from is not None and not self.echo:
+            raise InvalidRequestError("score_from needs echo=true and logprobs", param="score_from")
+        return self
+
+    @property
+    def scoring(self) -> bool:
+        """An ``echo`` request with ``logprobs``: the prompt is scored (see the module docstring)."""
+        return self.echo and self.logprobs is not None
+
+    @property
+    def token_ids(self) -> list[int] | None:
+        """The prompt as token ids, when it was sent that way."""
+        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], int):
+            return self.prompt  # type: ignore[return-value]
+        return None
+
+    @property
+    def text(self) -> str:
+        """The prompt text (refused when the prompt was sent as token ids)."""
+        if self.token_ids is not None:
+            raise InvalidRequestError("this runtime takes the prompt as text, not token ids", param="prompt")
+        return self.prompt if isinstance(self.prompt, str) else self.prompt[0]  # type: ignore[return-value]
+
+    @property
+    def stop_sequences(self) -> list[str]:
+        """``stop`` as a list (possibly empty)."""
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class CompletionLogprobs(BaseModel):
+    """The legacy per-token logprobs (``null`` where a position was not scored)."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    index: int = 0
+    text: str = ""
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: FinishReason | None = None
+
+
+class Completion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+    route: RouteInfo | None = None
+
+
+#: Streamed pieces have the same shape as the whole answer (as OpenAI sends them).
+CompletionChunk = Completion
+
+
+def new_text_completion_id() -> str:
+    return f"cmpl-{uuid.uuid4().hex[:24]}"
+
+
+@runtime_checkable
+class CompletionsBackend(Protocol):
+    """A backend that also continues raw text (``POST /v1/completions``): the torch engine does."""
+
+    def astream_completion(self, request: CompletionRequest) -> AsyncIterator[Completion]:
+        """The prompt continued as is, as ``text_completion`` chunks."""
+        ...
+
+
+@runtime_checkable
+class ScoringBackend(Protocol):
+    """A backend that scores a given continuation (``echo`` + ``logprobs``): the llama.cpp runtime does."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """``text`` as this model's token ids (special tokens parsed)."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes a token stands for."""
+        ...
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """Scores of ``tokens[start:]`` and the greedy next token."""
+        ...
+
+
+def _token_name(backend: ScoringBackend, token: int, as_ids: bool) -> str:
+    return f"token_id:{token}" if as_ids else backend.token_bytes(token).decode("utf-8", errors="replace")
+
+
+def scored_completion(backend: ScoringBackend, request: CompletionRequest, model: str) -> Completion:
+    """The answer to a scoring request (``echo`` + ``logprobs``; see the module docstring)."""
+    if not request.scoring:
+        raise InvalidRequestError("echo needs logprobs here (a scoring request); set logprobs=0..20", param="echo")
+    if (request.max_tokens or 0) > 1:
+        raise InvalidRequestError("with echo, max_tokens may be 0 (score only) or 1 (and the greedy next token)",
+                                  param="max_tokens")
+    if request.temperature not in (None, 0.0):
+        raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0", param="temperature")
+    tokens = request.token_ids
+    if tokens is None:
+        tokens = backend.tokenize_text(request.text)
+    start = request.score_from or 1
+    if start > len(tokens):
+        raise InvalidRequestError(f"score_from={start} is past the prompt's {len(tokens)} tokens", param="score_from")
+    top_n, as_ids = request.logprobs or 0, request.return_tokens_as_token_ids
+    scores, nxt = backend.score(tokens, start=start, top_n=top_n)
+    generated = [nxt] if request.max_tokens else []
+    names = [_token_name(backend, t, as_ids) for t in tokens + [g.token for g in generated]]
+    token_logprobs: list[float | None] = [None] * start + [s.logprob for s in scores] + [s.logprob for s in generated]
+    tops: list[dict[str, float] | None] = [None] * start
+    for score in [*scores, *generated]:
+        tops.append({_token_name(backend, t, as_ids): lp for t, lp in score.top})
+    pieces = [backend.token_bytes(t) for t in tokens + [g.token for g in generated]]
+    offsets, at = [], 0
+    for piece in pieces:
+        offsets.append(at)
+        at += len(piece.decode("utf-8", errors="replace"))
+    logprobs = CompletionLogprobs(tokens=names, token_logprobs=token_logprobs, top_logprobs=tops, text_offset=offsets)
+    n_out = len(generated)
+    return Completion(
+        id=new_text_completion_id(), created=now(), model=model,
+        choices=[CompletionChoice(text=b"".join(pieces).decode("utf-8", errors="replace"), logprobs=logprobs,
+                                  finish_reason="length")],
+        usage=Usage(prompt_tokens=len(tokens), completion_tokens=n_out, total_tokens=len(tokens) + n_out),
+    )
