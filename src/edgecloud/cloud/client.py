@@ -530,18 +530,12 @@ class CloudBackend(Backend):
         finally:
             response.close()
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
-        """How the endpoint's model scores ``tokens[start:]``, and its greedy next token.
-
-        One ``POST {root}/completions`` with the token ids as the prompt, ``echo``, ``logprobs``,
-        ``max_tokens=1`` and ``return_tokens_as_token_ids`` (as vLLM accepts it; ``score_from``
-        lets ``edgecloud serve`` reuse its prefix cache). Raises
-        :class:`~edgecloud.errors.ConfigError` when the endpoint cannot score a continuation.
-        """
+    def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool) -> dict[str, Any]:
+        """The ``logprobs`` object of one scoring request (see :meth:`score`)."""
         self._reader()  # raises when closed
         url = f"{self.base_url}/completions"
         body = {"model": self.model, "prompt": tokens, "max_tokens": 1, "temperature": 0, "echo": True,
-                "logprobs": max(1, top_n), "return_tokens_as_token_ids": True, "score_from": start}
+                "logprobs": max(1, top_n), "return_tokens_as_token_ids": as_ids, "score_from": start}
         try:
             response = self._post(body, url)
         except (InvalidRequestError, ModelNotFoundError) as exc:
@@ -552,28 +546,48 @@ class CloudBackend(Backend):
                               "or vLLM") from exc
         try:
             try:
-                payload = json.loads(response.read())
-                logprobs = payload["choices"][0]["logprobs"]
-                raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
+                logprobs = json.loads(response.read())["choices"][0]["logprobs"]
+                if len(logprobs["tokens"]) < len(tokens) + 1 or len(logprobs["top_logprobs"]) < len(tokens) + 1:
+                    raise ConfigError(f"{url} did not return the echoed prompt and the greedy next token "
+                                      "(max_tokens=1 with echo)")
+                return logprobs  # type: ignore[no-any-return]
             except (ValueError, KeyError, IndexError, TypeError) as exc:
-                raise BackendError(f"{url} answered a scoring request without token logprobs", cause="malformed_stream") from exc
+                raise BackendError(f"{url} answered a scoring request without token logprobs",
+                                   cause="malformed_stream") from exc
             finally:
                 response.close()
         except httpx.HTTPError as exc:
             raise BackendError(f"the scoring answer from {url} broke: {exc}", cause="disconnected") from exc
-        if len(raw_tokens) < len(tokens) + 1:
-            raise ConfigError(f"{url} did not return the greedy next token with the echoed prompt (max_tokens=1)")
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """How the endpoint's model scores ``tokens[start:]``, and its greedy next token.
+
+        One ``POST {root}/completions`` with the token ids as the prompt, ``echo``, ``logprobs``,
+        ``max_tokens=1`` and ``return_tokens_as_token_ids`` (as vLLM accepts it; ``score_from``
+        lets ``edgecloud serve`` reuse its prefix cache). Raises
+        :class:`~edgecloud.errors.ConfigError` when the endpoint cannot score a continuation.
+        """
+        logprobs = self._scoring(tokens, start, top_n, as_ids=True)
+        raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
 
         def token_id(name: str) -> int:
             if not name.startswith("token_id:"):
-                raise ConfigError(f"{url} does not name tokens by id (return_tokens_as_token_ids); cannot verify drafts")
+                raise ConfigError(f"{self.base_url} does not name tokens by id (return_tokens_as_token_ids); "
+                                  "cannot verify drafts")
             return int(name[len("token_id:"):])
 
         scores = []
         for i in range(start, len(tokens) + 1):
             top = sorted(((token_id(k), float(v)) for k, v in (raw_tops[i] or {}).items()), key=lambda kv: -kv[1])
-            scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0), top=top[:max(1, top_n)]))
+            scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0),
+                                     top=top[:max(1, top_n)]))
         return scores[:-1], scores[-1]
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """What the endpoint's tokenizer calls each of ``tokens`` (one scoring request that scores
+        nothing but the next token): compared with the edge's own, it tells whether two models
+        share a vocabulary."""
+        return [str(t) for t in self._scoring(tokens, len(tokens), 1, as_ids=False)["tokens"][: len(tokens)]]
 
     def load(self) -> None:
         """Check the endpoint now: ``GET {root}/models`` answers and lists ``model``.

@@ -37,6 +37,11 @@ __all__ = ["VerifiedCollab", "choose_k"]
 
 #: Acceptance assumed before the first round (a same-family draft agrees most of the time).
 PRIOR_ACCEPTANCE = 0.7
+#: Text whose tokens the edge and the cloud must name alike before drafts are verified
+#: (letters, digits, punctuation, spaces, a newline, a non-ASCII word).
+VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京"
+#: (edge, cloud URL, cloud model) pairs whose vocabularies were found to agree.
+_SAME_VOCAB: set[tuple[int, str, str]] = set()
 
 
 def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
@@ -89,6 +94,7 @@ class VerifiedCollab(CollabRun):
                 kept, extra = draft, None  # no cloud to check with: the edge writes alone
             else:
                 cloud_part.backend = attempt.backend.name
+                self._same_vocabulary(edge, attempt)
                 checked = self._check(attempt, prompt + ids, draft, cloud_part)
                 if checked is None:
                     kept, extra = draft, None
@@ -118,6 +124,32 @@ class VerifiedCollab(CollabRun):
         yield from self.emit("edge", text.flush())
         self.route.reason += f"; verified by the cloud in {self.cloud_calls} rounds"
         yield from self.final(finish)
+
+    def _same_vocabulary(self, edge: Any, attempt: Attempt) -> None:
+        """Refuse a cloud whose tokenizer names the probe's tokens differently (checked once per pair)."""
+        backend = attempt.backend
+        key = (id(edge), str(backend.base_url), backend.model_name)
+        if key in _SAME_VOCAB or not hasattr(backend, "token_texts"):
+            return
+        tokens = edge.tokenize_text(VOCAB_PROBE) if hasattr(edge, "tokenize_text") else []
+        if not tokens:
+            return
+        try:
+            theirs = backend.token_texts(tokens)  # type: ignore[attr-defined]
+        except ConfigError:
+            attempt.breaker.release()
+            raise
+        except Exception:  # noqa: BLE001 - an outage, not a mismatch: the first verification reports it
+            return
+        mine = [edge.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
+        # ASCII pieces read the same through any server's detokenizer (vLLM names partial
+        # UTF-8 pieces its own way): those are compared
+        if len(theirs) != len(mine) or any(a != b for a, b in zip(mine, theirs) if a.isascii()):
+            attempt.breaker.release()
+            raise ConfigError(f"collab='verified' needs edge and cloud models with one tokenizer; "
+                              f"{edge.model_name} and {backend.model_name} split text differently "
+                              f"({mine[:4]} vs {theirs[:4]}): use collab='token'")
+        _SAME_VOCAB.add(key)
 
     def _check(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Any) -> tuple[list[int], int] | None:
         """The kept draft prefix and the cloud's next token, or None when the cloud failed (recorded)."""
