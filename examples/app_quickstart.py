@@ -42,6 +42,9 @@ def main(argv: list[str] | None = None) -> int:
         print()
         if route is not None:
             print(f"[ran on {route.target}/{route.backend}: {route.reason}]", file=sys.stderr)
+            if route.tokens is not None:  # who wrote the answer (token mode shares it)
+                print(f"[tokens written: edge {route.tokens['edge']}, cloud {route.tokens['cloud']}, "
+                      f"{route.cloud_calls} cloud calls]", file=sys.stderr)
             for switch in route.fallbacks:
                 print(f"[fell back {switch['from']} -> {switch['to']}: {switch['cause']}]", file=sys.stderr)
         if cost is not None:

@@ -71,3 +71,28 @@ def test_ctrl_c_stops_the_answer_not_the_program(smollm2_path: Path) -> None:
     assert proc.returncode == 0, err
     assert "(stopped)" in out
     assert "finish cancelled" in out
+
+
+def test_repl_shows_what_the_cloud_wrote(smollm2_path: Path) -> None:
+    from faults import ServeProcess
+
+    with ServeProcess(str(smollm2_path)) as server:
+        result = subprocess.run(
+            [*EDGECLOUD, "chat", "--model", str(smollm2_path), "--max-tokens", "16", "--temperature", "0",
+             "--cloud-url", server.url, "--cloud-model", smollm2_path.stem, "--cloud-key", server.api_key,
+             "--collab", "token"],
+            input="Name two colours.\n/stats\n/exit\n", capture_output=True, text=True, timeout=300,
+            # the gate fires on every token: the cloud writes spans; colours forced on through the pipe
+            env={**os.environ, "EDGECLOUD_COLLAB__GATE": "0", "FORCE_COLOR": "1", "COLUMNS": "200"},
+        )
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "\x1b[35m" in out  # the cloud's text, in magenta
+    assert "tokens by the cloud" in out and "cloud calls" in out  # the answer's footer
+    assert "answer tokens by the cloud" in out  # /stats
+
+
+def test_unknown_collab_mode_is_exit_2(smollm2_path: Path) -> None:
+    result = subprocess.run([*EDGECLOUD, "chat", "--prompt", "hi", "--model", str(smollm2_path), "--collab", "maybe"],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "collab" in result.stderr and "Traceback" not in result.stderr

@@ -189,6 +189,14 @@ def test_verified_against_an_endpoint_that_cannot_score_is_a_config_error(edge: 
         fake.close()
 
 
+def test_verified_refuses_a_cloud_with_another_tokenizer(edge: Backend, qwen05_path: Path) -> None:
+    from faults import serving
+
+    with serving("llamacpp", qwen05_path, n_ctx=256, api_key=KEY) as (url, _):
+        with client(edge, url, "m") as c, pytest.raises(ConfigError, match="one tokenizer"):
+            run(c, collab="verified")
+
+
 @pytest.mark.parametrize("reply, cause", [
     (sse_reply(stall=30.0), "timeout"),
     (json_reply(429, {"error": {"message": "slow down", "type": "rate_limit", "param": None, "code": None}}),

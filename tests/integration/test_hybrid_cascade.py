@@ -87,7 +87,8 @@ def torch_edge(smollm2_path: Path) -> Iterator[Backend]:
 
 def _client(edge: Backend, server: ServeProcess, check: ConfidenceCheck, cls: type = EdgeCloud) -> Any:
     client = cls(edge_model=None, edge_backend=edge, cloud_base_url=server.url, cloud_model=CLOUD_MODEL,
-                 cloud_api_key=KEY, policy=RoutePolicy(scorer=Middle(), pii="off"))  # type: ignore[arg-type]
+                 cloud_api_key=KEY, policy=RoutePolicy(scorer=Middle(), pii="off"),  # type: ignore[arg-type]
+                 collab="cascade")  # the buffered cascade is an explicit choice, never the default
     client.hybrid.confidence = check
     return client
 
@@ -142,3 +143,12 @@ def test_async_cascade_escalates_too(llamacpp_edge: Backend, server: ServeProces
 
     text, route = asyncio.run(run())
     assert text.strip() and route.target == "cloud" and route.fallbacks[0]["cause"] == "low_confidence"
+
+
+def test_the_cascade_is_not_the_default(llamacpp_edge: Backend, server: ServeProcess) -> None:
+    client = EdgeCloud(edge_backend=llamacpp_edge, cloud_base_url=server.url, cloud_model=CLOUD_MODEL,
+                       cloud_api_key=KEY, policy=RoutePolicy(scorer=Middle(), pii="off"))  # type: ignore[arg-type]
+    client.hybrid.confidence = _check(0.6, 0.6)  # would escalate every answer
+    with client:
+        chunks, route = _ask(client)
+    assert route.collab == "token" and not any(f["cause"] == "low_confidence" for f in route.fallbacks)

@@ -29,7 +29,8 @@ KEY = "sk-test"
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
 HELLO = [{"role": "user", "content": "Say hello."}]
 CLOUD_MODEL = "smollm2-135m-instruct-q4"  # the name edgecloud serve gives the file
-FAST = {"fallback": {"max_retries": 0, "timeout_s": 20, "connect_timeout_s": 2}}
+# plain routing and failover (token mode has its own fault tests: test_collab.py)
+FAST = {"fallback": {"max_retries": 0, "timeout_s": 20, "connect_timeout_s": 2}, "collab": {"mode": "off"}}
 
 
 class Fixed:
