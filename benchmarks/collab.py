@@ -109,9 +109,11 @@ def gap_recovered(q: float, q_edge: float, q_cloud: float) -> float | None:
     return round((q - q_edge) / (q_cloud - q_edge), 3) if q_cloud != q_edge else None
 
 
-def loso_choice(configs: dict[str, list[dict[str, Any]]], cloud: list[dict[str, Any]], target: float = 0.9) -> dict[str, Any]:
+def loso_choice(configs: dict[str, list[dict[str, Any]]], cloud: list[dict[str, Any]], target: float = 0.9,
+                max_share: float = 1.0) -> dict[str, Any]:
     """Leave-one-suite-out: per suite, the config with the fewest cloud tokens reaching ``target`` of
-    all-cloud quality on the other suites (else the best quality there), scored on that suite."""
+    all-cloud quality on the other suites (else the best quality there), among those writing at
+    most ``max_share`` of the tokens there, scored on that suite."""
     held_results, choices = [], {}
     for suite in SUITES:
         others = [r for r in cloud if r["suite"] != suite]
@@ -122,6 +124,8 @@ def loso_choice(configs: dict[str, list[dict[str, Any]]], cloud: list[dict[str, 
         for name, results in configs.items():
             rest = [r for r in results if r["suite"] != suite]
             s = summarise(rest)
+            if s["cloud_token_share"] > max_share:
+                continue
             scored.append((s["quality"] >= target * q_cloud, -s["cloud_token_share"] if s["quality"] >= target * q_cloud
                            else s["quality"], name))
         best = max(scored)[2]
@@ -228,6 +232,37 @@ def offline_router_and_cascade(tasks: list[Any], edge: list[dict[str, Any]], clo
     return out
 
 
+def router_report() -> dict[str, Any]:
+    """The request router on all labelled outcome rows: APGR in-suite (scorer fitted on every
+    suite, out-of-fold) vs leave-one-suite-out (fitted on four suites, scored on the fifth)."""
+    from edgecloud.router.evaluate import apgr, router_curve
+    from edgecloud.router.scorers import LearnedScorer, RulesScorer, out_of_fold_scores, train_scorer
+
+    rows = [json.loads(line) for line in OUTCOMES.read_text().splitlines()]
+    out: dict[str, Any] = {"rows": len(rows)}
+    in_suite = out_of_fold_scores(rows)
+    out["learned_in_suite_5fold"] = round(apgr(router_curve(rows, in_suite)), 4)
+    loso = [0.0] * len(rows)
+    per_suite = {}
+    for suite in SUITES:
+        train = [r for r in rows if r["suite"] != suite]
+        scorer = LearnedScorer(train_scorer(train))
+        held = [i for i, r in enumerate(rows) if r["suite"] == suite]
+        for i in held:
+            loso[i] = scorer.score(rows[i])
+        mine = [rows[i] for i in held]
+        try:
+            per_suite[suite] = round(apgr(router_curve(mine, [loso[i] for i in held])), 4)
+        except ValueError:  # no edge->cloud gap in this suite
+            per_suite[suite] = None
+    out["learned_loso"] = round(apgr(router_curve(rows, loso)), 4)
+    out["learned_loso_per_suite"] = per_suite
+    rules = RulesScorer()
+    out["rules"] = round(apgr(router_curve(rows, [rules.score(r) for r in rows])), 4)
+    out["random"] = 0.5
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--per-suite", type=int, default=6)
@@ -236,10 +271,48 @@ def main() -> None:
                         help="token-mode configurations swept: span_stop:span_tokens:top1 gate, comma-separated")
     parser.add_argument("--rtt-tasks", type=int, default=10)
     parser.add_argument("--out", default=str(RESULTS / "collab.json"))
+    parser.add_argument("--router-only", action="store_true", help="only the router report on all outcome rows")
+    parser.add_argument("--rtt-only", metavar="JSON", help="rerun only the RTT phase (with the current defaults) "
+                        "and put it into an earlier run's results")
+    parser.add_argument("--extend", metavar="JSON", help="add --configs to an earlier run's results (same tasks; "
+                        "its all-edge, all-cloud and verified answers are reused: greedy, so they would not change)")
     args = parser.parse_args()
+    if args.router_only:
+        print(json.dumps(router_report(), indent=2))
+        return
+    if args.rtt_only:
+        earlier = json.loads(Path(args.rtt_only).read_text())
+        tasks = pick_tasks(earlier["per_suite"])
+        spread = tasks[:: max(1, len(tasks) // args.rtt_tasks)][: args.rtt_tasks]
+        with bench_lock():
+            server = ServeProcess(CLOUD_MODEL, ctx=4096).start(timeout=300)
+            try:
+                for t in spread:  # the cloud's prefix cache warm, as in the full run
+                    with client_for(server.url, server.api_key) as client:
+                        answer(client, t, 1, route="cloud", collab="off")
+                earlier["rtt"] = rtt_phase(server, spread, min(earlier["max_tokens"], 128))
+            finally:
+                server.stop()
+        Path(args.out).write_text(json.dumps(earlier, indent=2))
+        print(json.dumps(earlier["rtt"], indent=2))
+        return
+    if args.extend:
+        earlier = json.loads(Path(args.extend).read_text())
+        args.per_suite, args.max_tokens = earlier["per_suite"], earlier["max_tokens"]
     tasks = pick_tasks(args.per_suite)
     out: dict[str, Any] = {"tasks": len(tasks), "per_suite": args.per_suite, "max_tokens": args.max_tokens,
                            "edge": DEFAULT_EDGE_MODEL, "cloud": CLOUD_MODEL}
+    if args.extend:
+        with bench_lock():
+            server = ServeProcess(CLOUD_MODEL, ctx=4096).start(timeout=300)
+            try:
+                out = extend(args, tasks, server, earlier)
+            finally:
+                server.stop()
+        Path(args.out).write_text(json.dumps(out, indent=2))
+        plot(out, Path(args.out).with_suffix(".png"))
+        print(json.dumps({k: v for k, v in out.items() if k != "answers"}, indent=2))
+        return
     with bench_lock():
         server = ServeProcess(CLOUD_MODEL, ctx=4096).start(timeout=300)
         try:
@@ -294,16 +367,45 @@ def run(args: argparse.Namespace, tasks: list[Any], server: ServeProcess) -> dic
         for i, t in enumerate(tasks):
             answers["verified"].append(answer(client, t, budget[t.id], collab="verified"))
             progress("verified", i + 1, len(tasks))
-    configs = []
+    run_token_configs(args, tasks, server, answers)
+    out.update(compare(answers))
+    out["router_cascade"] = offline_router_and_cascade(tasks, answers["all_edge"], answers["all_cloud"])
+    out["router_all_outcomes"] = router_report()
+    spread = tasks[:: max(1, len(tasks) // args.rtt_tasks)][: args.rtt_tasks]  # every suite
+    out["rtt"] = rtt_phase(server, spread, min(mt, 128))
+    out["answers"] = answers
+    return out
+
+
+def run_token_configs(args: argparse.Namespace, tasks: list[Any], server: ServeProcess,
+                      answers: dict[str, list[dict[str, Any]]]) -> None:
+    budget = {t.id: min(t.max_tokens, args.max_tokens) for t in tasks}
     for spec in filter(None, args.configs.split(",")):
         stop, n, gate = spec.split(":")
-        configs.append((f"token_{stop}{n}_top1_{gate}", {"gate": float(gate), "span_stop": stop, "span_tokens": int(n)}))
-    for name, collab in configs:
+        name = f"token_{stop}{n}_top1_{gate}"
+        collab = {"gate": float(gate), "span_stop": stop, "span_tokens": int(n)}
         with client_for(server.url, server.api_key, mode="token", gate_signal="top1", **collab) as client:
             answers[name] = []
             for i, t in enumerate(tasks):
                 answers[name].append(answer(client, t, budget[t.id]))
                 progress(name, i + 1, len(tasks))
+
+
+def extend(args: argparse.Namespace, tasks: list[Any], server: ServeProcess, earlier: dict[str, Any]) -> dict[str, Any]:
+    """An earlier run plus more token-mode configurations, compared again."""
+    answers = earlier["answers"]
+    assert [a["id"] for a in answers["all_edge"]] == [t.id for t in tasks], "not the same tasks"
+    run_token_configs(args, tasks, server, answers)
+    out = {k: v for k, v in earlier.items() if k not in ("answers", "modes", "token_loso", "verified")}
+    out.update(compare(answers))
+    out["extended_with"] = args.configs
+    out["answers"] = answers
+    return out
+
+
+def compare(answers: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    """Every mode summarised, the leave-one-suite-out choice of token configuration, verified vs cloud."""
+    out: dict[str, Any] = {}
     q_edge = statistics.mean(r["pass"] for r in answers["all_edge"])
     q_cloud = statistics.mean(r["pass"] for r in answers["all_cloud"])
     out["modes"] = {name: {**summarise(results), "gap_recovered": gap_recovered(summarise(results)["quality"], q_edge, q_cloud),
@@ -314,6 +416,11 @@ def run(args: argparse.Namespace, tasks: list[Any], server: ServeProcess) -> dic
     loso["held_out"]["gap_recovered"] = gap_recovered(loso["held_out"]["quality"], q_edge, q_cloud)
     loso["held_out"]["share_of_cloud_quality"] = round(loso["held_out"]["quality"] / q_cloud, 4) if q_cloud else None
     out["token_loso"] = loso
+    capped = loso_choice(token_configs, answers["all_cloud"], target=1.01, max_share=0.15)  # best quality <= 15 %
+    capped["held_out"]["gap_recovered"] = gap_recovered(capped["held_out"]["quality"], q_edge, q_cloud)
+    out["token_loso_at_most_15pct_cloud_tokens"] = capped
+    reaching = [m for n, m in out["modes"].items() if n.startswith("token_") and m["quality"] >= 0.9 * q_cloud]
+    out["token_share_at_90pct_of_cloud_quality"] = min((m["cloud_token_share"] for m in reaching), default=None)
     same = [v["text"] == c["text"] for v, c in zip(answers["verified"], answers["all_cloud"])]
     out_tokens = sum(sum((v["tokens"] or {}).values()) for v in answers["verified"])
     out["verified"] = {
@@ -324,10 +431,6 @@ def run(args: argparse.Namespace, tasks: list[Any], server: ServeProcess) -> dic
         "wall_vs_cloud_only_rtt0": round(sum(v["seconds"] for v in answers["verified"])
                                          / sum(c["seconds"] for c in answers["all_cloud"]), 3),
     }
-    out["router_cascade"] = offline_router_and_cascade(tasks, answers["all_edge"], answers["all_cloud"])
-    spread = tasks[:: max(1, len(tasks) // args.rtt_tasks)][: args.rtt_tasks]  # every suite
-    out["rtt"] = rtt_phase(server, spread, min(mt, 128))
-    out["answers"] = answers
     return out
 
 
@@ -361,7 +464,10 @@ def plot(out: dict[str, Any], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     modes = out["modes"]
     tok = sorted((m["cloud_token_share"], m["quality"], n) for n, m in modes.items() if n.startswith("token_"))
-    ax.plot([t[0] for t in tok], [t[1] for t in tok], "o-", label="token mode (gate swept)")
+    ax.plot([t[0] for t in tok], [t[1] for t in tok], "o", label="token mode (gate and span rule swept)")
+    for share, quality, name in tok:
+        ax.annotate(name.removeprefix("token_").replace("_top1_", " @"), (share, quality), fontsize=7,
+                    xytext=(4, 4), textcoords="offset points")
     for n, m in modes.items():
         if not n.startswith("token_"):
             ax.scatter([m["cloud_token_share"]], [m["quality"]], marker="s", label=n)

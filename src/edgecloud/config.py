@@ -170,13 +170,13 @@ class CollabSettings(_Section):
         "top1", description="Token mode: what the gate reads from the edge's next-token distribution.",
     )
     gate: float = Field(
-        0.5, ge=0, le=1,
+        0.3, ge=0, le=1,
         description="Token mode: hand a span to the cloud when the edge's unsure-score for its next token is above "
                     "this (top1: 1 - p(top token); margin: 1 - (p1 - p2); entropy: 1 - exp(-H)).",
     )
-    span_tokens: int = Field(16, ge=1, le=512, description="Token mode: most tokens the cloud writes per span.")
+    span_tokens: int = Field(4, ge=1, le=512, description="Token mode: most tokens the cloud writes per span.")
     span_stop: Literal["line", "tokens"] = Field(
-        "line", description="Token mode: a span also ends at the end of a line ('line') or only at span_tokens.",
+        "tokens", description="Token mode: a span also ends at the end of a line ('line') or only at span_tokens.",
     )
     span_timeout_s: float = Field(
         3.0, gt=0, description="Token mode: a span whose first token is not back in this many seconds is "

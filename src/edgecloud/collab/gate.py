@@ -3,11 +3,13 @@
 This module owns :class:`TokenSignals` (what the edge's own next-token distribution says:
 entropy, top-1 probability, margin to the runner-up, all read from the OpenAI-shaped
 ``top_logprobs`` any edge runtime streams) and :class:`Gate` (one of those signals against a
-threshold). The gate has no fitted weights on purpose: on the project's outcome data a
-logistic on all three signals was no better than one signal alone once scored on a suite it
-was not fitted on (see ``benchmarks/collab.py --gate-report`` and the README), and a rule with
-one number cannot learn a suite. What is chosen from data is the signal and the threshold,
-and both were chosen leave-one-suite-out.
+threshold). The gate has no fitted weights on purpose. Measured on 2,049 answer tokens of the
+0.5B edge over the five outcome suites, as predictors of "the 1.5B cloud's greedy token differs
+here": AUC top-1 0.938, margin 0.937, entropy 0.934; a logistic on all three 0.938 fitted and
+scored on every suite, 0.935 fitted on four suites and scored on the fifth. Learning adds
+nothing a single number does not already give, and a rule with one number cannot learn a
+suite. What is chosen from data is the signal (top-1, unfitted, so the same in and out of
+suite) and the threshold (chosen leave-one-suite-out, ``benchmarks/collab.py``).
 
 Entropy is computed over the ``top_logprobs`` alternatives plus the leftover mass as one
 bucket: a lower bound of the true entropy that is tight whenever the edge is confident (the
