@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -38,6 +39,24 @@ def test_stream_chunks_each_carry_the_route(client: EdgeCloud) -> None:
     assert streamed == whole.choices[0].message.content
 
 
+def test_a_stream_is_a_context_manager_that_stops_generation(client: EdgeCloud) -> None:
+    with client.chat.completions.create(messages=QUESTION, max_tokens=64, temperature=0, stream=True) as stream:
+        first = [next(stream) for _ in range(3)]
+    assert first[0].choices[0].delta.role == "assistant"
+    with pytest.raises(StopIteration):
+        next(stream)  # closed: nothing more comes
+
+
+def test_include_usage_puts_usage_on_a_last_chunk_without_choices(client: EdgeCloud) -> None:
+    chunks = list(client.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0, stream=True,
+                                                 stream_options={"include_usage": True}))
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens > 0
+    assert all(c.usage is None for c in chunks[:-1])
+    assert chunks[-2].choices[0].finish_reason in ("stop", "length") and chunks[-2].cost is not None
+    plain = list(client.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0, stream=True))
+    assert plain[-1].choices and plain[-1].usage is not None  # without it: on the finish chunk, with route and cost
+
+
 def test_privacy_pin_is_reported(client: EdgeCloud) -> None:
     reply = client.chat.completions.create(messages=QUESTION, max_tokens=4, privacy="local_only")
     assert reply.route is not None and "local_only" in reply.route.reason
@@ -53,6 +72,18 @@ def test_bad_input_fails_before_any_model_loads() -> None:
     with pytest.raises(InvalidRequestError) as info:
         lazy.chat.completions.create(messages=[{"role": "user", "content": "x"}], temperature=-1)
     assert info.value.param == "temperature"
+
+
+def test_async_stream_is_an_async_context_manager(smollm2_path: Path) -> None:
+    async def go() -> list[Any]:
+        async with AsyncEdgeCloud(edge_model=smollm2_path, n_ctx=1024) as ac:
+            stream = await ac.chat.completions.create(messages=QUESTION, max_tokens=8, temperature=0, stream=True,
+                                                      stream_options={"include_usage": True})
+            async with stream:
+                return [c async for c in stream]
+
+    chunks = asyncio.run(go())
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
 
 
 def test_async_client(smollm2_path: Path) -> None:

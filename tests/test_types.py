@@ -97,3 +97,40 @@ def test_usage_is_also_in_openai_shape_and_skips_an_empty_speculative_block() ->
     assert "speculative" not in data
     assert json.loads(Usage(speculative={"drafts": 3}).model_dump_json())["speculative"] == {"drafts": 3}
     assert Usage.model_validate(data) == usage  # what it writes reads back
+
+
+def test_max_completion_tokens_is_max_tokens() -> None:
+    request = ChatRequest(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=7)
+    assert request.max_tokens == 7
+    assert ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=7, max_completion_tokens=7).max_tokens == 7
+    with pytest.raises(InvalidRequestError) as info:
+        ChatRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=3, max_completion_tokens=4)
+    assert info.value.param == "max_completion_tokens"
+
+
+def test_fields_without_meaning_here_are_accepted() -> None:
+    request = ChatRequest(messages=[{"role": "user", "content": "hi"}], store=False, metadata={"k": "v"},
+                          service_tier="auto", reasoning_effort="low", response_format={"type": "text"},
+                          modalities=["text"])
+    assert request.messages[0].content == "hi"
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("tools", [{"type": "function", "function": {"name": "f"}}], "tool calls"),
+    ("tool_choice", "auto", "tool calls"),
+    ("logit_bias", {"42": 5}, "logit_bias"),
+    ("response_format", {"type": "json_schema", "json_schema": {}}, "structured output"),
+    ("response_format", {"type": "yaml"}, "unknown response_format"),
+    ("modalities", ["text", "audio"], "modalities"),
+])
+def test_features_not_implemented_are_named_not_called_unknown(field: str, value: Any, says: str) -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        ChatRequest(messages=[{"role": "user", "content": "hi"}], **{field: value})
+    assert info.value.param.startswith(field) and says in str(info.value) and "unknown field" not in str(info.value)
+
+
+def test_an_image_part_says_the_model_reads_text_only() -> None:
+    with pytest.raises(InvalidRequestError) as info:
+        ChatRequest(messages=[{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                                                            {"type": "image_url", "image_url": {"url": "x"}}]}])
+    assert info.value.param == "messages[0].content" and "text only" in str(info.value)

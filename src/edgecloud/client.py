@@ -29,7 +29,7 @@ from .router.policy import RoutePolicy
 from .store.catalogue import DEFAULT_MODEL
 from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, collect_chunks
 
-__all__ = ["EdgeCloud", "AsyncEdgeCloud", "DEFAULT_EDGE_MODEL"]
+__all__ = ["AsyncChatStream", "AsyncEdgeCloud", "ChatStream", "DEFAULT_EDGE_MODEL", "EdgeCloud"]
 
 DEFAULT_EDGE_MODEL = DEFAULT_MODEL
 _UNSET: Any = object()
@@ -93,13 +93,104 @@ class _BaseEdgeCloud:
         return request
 
 
+def _split_usage(chunk: ChatCompletionChunk) -> tuple[ChatCompletionChunk, ChatCompletionChunk | None]:
+    """``chunk`` without its usage, and the usage-only chunk OpenAI sends last (None: no usage)."""
+    if chunk.usage is None:
+        return chunk, None
+    tail = chunk.model_copy(update={"choices": [], "route": None, "cost": None})
+    return chunk.model_copy(update={"usage": None}), tail
+
+
+def _usage_last(chunks: Iterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
+    """OpenAI's ``include_usage`` shape: usage only on a last chunk with no choices."""
+    tail = None
+    for chunk in chunks:
+        out, got = _split_usage(chunk)
+        tail = got or tail
+        yield out
+    if tail is not None:
+        yield tail
+
+
+class ChatStream(Iterator[ChatCompletionChunk]):
+    """A streamed answer, as the ``openai`` SDK's ``Stream``: iterate it, or use it as a context
+    manager (``with client.chat.completions.create(..., stream=True) as stream:``); leaving the
+    block or :meth:`close` stops generation. With ``stream_options={"include_usage": True}`` the
+    usage comes on a last chunk with no choices (and nowhere else), as OpenAI sends it;
+    otherwise it rides on the finish chunk with ``route`` and ``cost``."""
+
+    def __init__(self, chunks: Iterator[ChatCompletionChunk], include_usage: bool = False) -> None:
+        self._source = chunks
+        self._chunks = _usage_last(chunks) if include_usage else chunks
+
+    def __iter__(self) -> ChatStream:
+        return self
+
+    def __next__(self) -> ChatCompletionChunk:
+        return next(self._chunks)
+
+    def close(self) -> None:
+        """Stop reading: the backends stop generating."""
+        for it in (self._chunks, self._source):
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+    def __enter__(self) -> ChatStream:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+async def _ausage_last(chunks: AsyncIterator[ChatCompletionChunk]) -> AsyncIterator[ChatCompletionChunk]:
+    tail = None
+    async for chunk in chunks:
+        out, got = _split_usage(chunk)
+        tail = got or tail
+        yield out
+    if tail is not None:
+        yield tail
+
+
+class AsyncChatStream(AsyncIterator[ChatCompletionChunk]):
+    """Async twin of :class:`ChatStream` (``async with`` / ``async for`` / :meth:`aclose`)."""
+
+    def __init__(self, chunks: AsyncIterator[ChatCompletionChunk], include_usage: bool = False) -> None:
+        self._source = chunks
+        self._chunks = _ausage_last(chunks) if include_usage else chunks
+
+    def __aiter__(self) -> AsyncChatStream:
+        return self
+
+    async def __anext__(self) -> ChatCompletionChunk:
+        return await self._chunks.__anext__()
+
+    async def aclose(self) -> None:
+        """Stop reading: the backends stop generating."""
+        for it in (self._chunks, self._source):
+            aclose = getattr(it, "aclose", None)
+            if aclose is not None:
+                await aclose()
+
+    async def __aenter__(self) -> AsyncChatStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
+def _include_usage(request: ChatRequest) -> bool:
+    return bool(request.stream_options and request.stream_options.include_usage)
+
+
 class _Completions:
     def __init__(self, client: EdgeCloud) -> None:
         self._client = client
 
     def create(
         self, *, messages: Sequence[ChatMessage | Mapping[str, Any]], stream: bool = False, **params: Any
-    ) -> ChatCompletion | Iterator[ChatCompletionChunk]:
+    ) -> ChatCompletion | ChatStream:
         """OpenAI-shaped chat completion; ``stream=True`` returns an iterator of chunks.
 
         Besides the OpenAI fields: ``route="auto"|"edge"|"cloud"``,
@@ -108,7 +199,7 @@ class _Completions:
         """
         request = self._client._build(messages, stream=stream, **params)
         if stream:
-            return self._client.hybrid.stream(request)
+            return ChatStream(self._client.hybrid.stream(request), _include_usage(request))
         return self._client.hybrid.complete(request)
 
 
@@ -118,11 +209,11 @@ class _AsyncCompletions:
 
     async def create(
         self, *, messages: Sequence[ChatMessage | Mapping[str, Any]], stream: bool = False, **params: Any
-    ) -> ChatCompletion | AsyncIterator[ChatCompletionChunk]:
+    ) -> ChatCompletion | AsyncChatStream:
         """Async twin of ``EdgeCloud.chat.completions.create``."""
         request = self._client._build(messages, stream=stream, **params)
         if stream:
-            return self._client.hybrid.astream(request)
+            return AsyncChatStream(self._client.hybrid.astream(request), _include_usage(request))
         return collect_chunks([c async for c in self._client.hybrid.astream(request)])
 
 

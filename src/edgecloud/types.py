@@ -198,6 +198,11 @@ class ChatMessage(_Validated):
             isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content
         ):
             return "".join(p["text"] for p in content)
+        if isinstance(content, list):
+            kinds = sorted({str(p.get("type")) for p in content if isinstance(p, dict) and p.get("type") != "text"})
+            if kinds:
+                raise ValueError(f"these models read text only: content parts of type {', '.join(kinds)} are not "
+                                 "supported; send the text as {'type': 'text', 'text': ...} parts or a string")
         raise ValueError(
             f"content must be a string (or a list of {{'type': 'text', 'text': ...}} parts), "
             f"got {type(content).__name__}"
@@ -216,12 +221,34 @@ class SpeculativeOptions(_Validated):
     k_max: int | None = Field(default=None, ge=1, le=32)
 
 
+#: OpenAI request fields that mean nothing for these models or this server: accepted, ignored.
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier")
+#: OpenAI request fields edgecloud does not implement (yet): refused with a 400 that says so.
+UNSUPPORTED_FIELDS: dict[str, str] = {
+    "tools": "tool calls are not supported yet; describe the tools in the prompt or leave 'tools' out",
+    "tool_choice": "tool calls are not supported yet; leave 'tool_choice' out",
+    "functions": "function calling (the legacy 'functions' field) is not supported; leave it out",
+    "function_call": "function calling (the legacy 'function_call' field) is not supported; leave it out",
+    "logit_bias": "'logit_bias' is not supported yet; leave it out",
+    "audio": "these models produce text only; leave 'audio' out",
+    "prediction": "predicted outputs are not supported; leave 'prediction' out",
+    "web_search_options": "web search is not available here; leave 'web_search_options' out",
+}
+
+
 class ChatRequest(_Validated):
-    """A chat completion request: the OpenAI fields edgecloud honours, plus routing hints."""
+    """A chat completion request: the OpenAI fields edgecloud honours, plus routing hints.
+
+    ``max_completion_tokens`` (OpenAI's newer name) sets ``max_tokens``. The fields in
+    :data:`IGNORED_FIELDS` are accepted and ignored; those in :data:`UNSUPPORTED_FIELDS` are
+    refused with a message naming the feature (never "unknown field").
+    """
 
     model: Text | None = None
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(default=None, gt=0)
+    #: OpenAI's newer name for ``max_tokens`` (what LangChain and recent SDKs send).
+    max_completion_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     stop: Union[str, list[str], None] = None
@@ -234,6 +261,16 @@ class ChatRequest(_Validated):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     n: int | None = None
     user: Text | None = None
+    #: ``{"type": "text"}`` only, for now (structured output is not implemented yet).
+    response_format: dict[str, Any] | None = None
+    modalities: list[Literal["text"]] | None = None
+    # accepted and ignored (IGNORED_FIELDS)
+    store: bool | None = None
+    metadata: dict[str, Text] | None = None
+    service_tier: Text | None = None
+    reasoning_effort: Text | None = None
+    prompt_cache_key: Text | None = None
+    safety_identifier: Text | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens (benchmarks, load tests).
     ignore_eos: bool = False
     #: vLLM's extension: the last message is a partial assistant answer to continue (no new
@@ -249,6 +286,26 @@ class ChatRequest(_Validated):
     #: How the edge and the cloud share this answer (None: the client's setting); see
     #: :mod:`edgecloud.collab`.
     collab: Literal["auto", "off", "token", "verified", "cascade"] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for name, why in UNSUPPORTED_FIELDS.items():
+                if data.get(name) is not None:
+                    raise InvalidRequestError(f"invalid '{name}': {why}", param=name)
+        return data
+
+    @field_validator("response_format")
+    @classmethod
+    def _text_format(cls, fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+        if fmt is not None and fmt.get("type") != "text":
+            kind = fmt.get("type")
+            if kind in ("json_object", "json_schema"):
+                raise ValueError(f"response_format type {kind!r} (structured output) is not supported yet; "
+                                 "use {'type': 'text'} or leave it out")
+            raise ValueError(f"unknown response_format type {kind!r}; use 'text'")
+        return fmt
 
     @field_validator("messages", mode="before")
     @classmethod
@@ -268,6 +325,16 @@ class ChatRequest(_Validated):
     @classmethod
     def _stop_strings(cls, stop: Any) -> Any:
         return check_stop(stop)
+
+    @model_validator(mode="after")
+    def _token_limit(self) -> "ChatRequest":
+        if self.max_completion_tokens is not None:
+            if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+                raise InvalidRequestError(f"invalid 'max_completion_tokens': max_tokens ({self.max_tokens}) and "
+                                          f"max_completion_tokens ({self.max_completion_tokens}) disagree; send one "
+                                          "of them", param="max_completion_tokens")
+            self.max_tokens = self.max_completion_tokens
+        return self
 
     @model_validator(mode="after")
     def _continuation(self) -> "ChatRequest":

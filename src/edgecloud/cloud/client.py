@@ -105,7 +105,8 @@ __all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend", "RetryPolicy"]
 
 _FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error"})
 # Set on the request by the sender, never copied from the caller's request.
-_NOT_FORWARDED = {"route", "privacy", "collab", "model", "stream", "stream_options"}
+_NOT_FORWARDED = {"route", "privacy", "collab", "model", "stream", "stream_options", "max_completion_tokens",
+                  "store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier"}
 _STREAM_HEADERS = {"Accept": "text/event-stream"}
 # In-band error events rarely carry a status; their OpenAI ``type`` says which one it would be.
 _STATUS_OF_TYPE = {
