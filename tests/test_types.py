@@ -118,7 +118,8 @@ def test_fields_without_meaning_here_are_accepted() -> None:
 @pytest.mark.parametrize("field, value, says", [
     ("tools", [{"type": "function", "function": {"name": "f"}}], "tool calls"),
     ("tool_choice", "auto", "tool calls"),
-    ("logit_bias", {"42": 5}, "logit_bias"),
+    ("logit_bias", {"x": 5}, "token ids"),
+    ("logit_bias", {"42": 500}, "-100..100"),
     ("response_format", {"type": "json_schema", "json_schema": {}}, "structured output"),
     ("response_format", {"type": "yaml"}, "unknown response_format"),
     ("modalities", ["text", "audio"], "modalities"),

@@ -221,6 +221,8 @@ class SpeculativeOptions(_Validated):
     k_max: int | None = Field(default=None, ge=1, le=32)
 
 
+#: Most tokens one request may bias (OpenAI's own limit is 300).
+MAX_LOGIT_BIAS = 300
 #: OpenAI request fields that mean nothing for these models or this server: accepted, ignored.
 IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier")
 #: OpenAI request fields edgecloud does not implement (yet): refused with a 400 that says so.
@@ -229,7 +231,6 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
     "tool_choice": "tool calls are not supported yet; leave 'tool_choice' out",
     "functions": "function calling (the legacy 'functions' field) is not supported; leave it out",
     "function_call": "function calling (the legacy 'function_call' field) is not supported; leave it out",
-    "logit_bias": "'logit_bias' is not supported yet; leave it out",
     "audio": "these models produce text only; leave 'audio' out",
     "prediction": "predicted outputs are not supported; leave 'prediction' out",
     "web_search_options": "web search is not available here; leave 'web_search_options' out",
@@ -261,6 +262,8 @@ class ChatRequest(_Validated):
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     n: int | None = None
     user: Text | None = None
+    #: Token id (as a string, as OpenAI sends it) -> bias in -100..100 added to its logit.
+    logit_bias: dict[str, float] | None = None
     #: ``{"type": "text"}`` only, for now (structured output is not implemented yet).
     response_format: dict[str, Any] | None = None
     modalities: list[Literal["text"]] | None = None
@@ -295,6 +298,20 @@ class ChatRequest(_Validated):
                 if data.get(name) is not None:
                     raise InvalidRequestError(f"invalid '{name}': {why}", param=name)
         return data
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        if bias is None:
+            return None
+        if len(bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(bias)}")
+        for token, value in bias.items():
+            if not token.isdigit():
+                raise ValueError(f"keys are token ids written as strings (\"1234\"), got {token!r}")
+            if not -100.0 <= value <= 100.0:
+                raise ValueError(f"bias for token {token} is {value}; biases are in -100..100")
+        return bias
 
     @field_validator("response_format")
     @classmethod

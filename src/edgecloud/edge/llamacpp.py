@@ -46,6 +46,7 @@ from ..errors import (
     BackendUnavailableError,
     ConfigError,
     EdgeCloudError,
+    InvalidRequestError,
     ModelIntegrityError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
@@ -537,13 +538,19 @@ class LlamaCppBackend(SerialBackend):
     def _make_sampler(self, params: SamplingParams) -> Any:
         """A llama.cpp sampler chain, or None for plain greedy (argmax in numpy)."""
         temperature, presence, frequency = params.temperature, params.presence_penalty, params.frequency_penalty
-        if params.greedy and not params.penalised:
+        if params.greedy and not params.penalised and not params.logit_bias:
             return None
         from llama_cpp._internals import LlamaSampler
 
+        bad = next((t for t, _ in params.logit_bias if t >= self._n_vocab), None)
+        if bad is not None:
+            raise InvalidRequestError(f"logit_bias names token {bad}, outside this model's vocabulary "
+                                      f"(0..{self._n_vocab - 1})", param="logit_bias")
         sampler = LlamaSampler()
         if presence or frequency:
             sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, 1.0, frequency, presence)
+        if params.logit_bias:
+            sampler.add_logit_bias(self._n_vocab, dict(params.logit_bias))
         if temperature == 0.0:
             sampler.add_greedy()
             return sampler
@@ -573,7 +580,7 @@ class LlamaCppBackend(SerialBackend):
             messages = request.message_dicts()
             prompt = self._encode_chat(messages, continue_final=request.continue_final_message)
             max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
-            sampler = self._make_sampler(sampling_params(request, max_new))
+            sampler = self._make_sampler(sampling_params(request, max_new, logit_bias=True))
             try:
                 yield from self._decode(llm, request, messages, prompt, max_new, sampler)
             except (GeneratorExit, EdgeCloudError):

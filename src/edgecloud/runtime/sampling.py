@@ -43,6 +43,8 @@ class SamplingParams:
     stop_at_eog: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    #: (token id, bias) pairs added to the logits before sampling (OpenAI's ``logit_bias``).
+    logit_bias: tuple[tuple[int, float], ...] = ()
     #: The request's speculation limits: a proposer name or "off" (None: the server's choice), and a cap on k.
     spec_mode: str | None = None
     spec_k_max: int | None = None
@@ -64,9 +66,18 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty)
 
 
-def sampling_params(request: Any, max_new_tokens: int) -> SamplingParams:
-    """The request's sampling options (a chat or completions request) with the defaults filled in."""
+def sampling_params(request: Any, max_new_tokens: int, *, logit_bias: bool = False) -> SamplingParams:
+    """The request's sampling options (a chat or completions request) with the defaults filled in.
+
+    ``logit_bias``: whether the calling runtime applies it; a request that asks for it from one
+    that does not is refused here (never silently ignored).
+    """
+    bias = getattr(request, "logit_bias", None) or {}
+    if bias and not logit_bias:
+        raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "
+                                  "(leave it out here)", param="logit_bias")
     return SamplingParams(
+        logit_bias=tuple((int(token), float(value)) for token, value in bias.items()),
         max_new_tokens=max_new_tokens,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
