@@ -264,7 +264,7 @@ class ChatRequest(_Validated):
     user: Text | None = None
     #: Token id (as a string, as OpenAI sends it) -> bias in -100..100 added to its logit.
     logit_bias: dict[str, float] | None = None
-    #: ``{"type": "text"}`` only, for now (structured output is not implemented yet).
+    #: ``text``, ``json_object`` or ``json_schema``: the answer is held to the grammar (llama.cpp runtime).
     response_format: dict[str, Any] | None = None
     modalities: list[Literal["text"]] | None = None
     # accepted and ignored (IGNORED_FIELDS)
@@ -315,13 +315,16 @@ class ChatRequest(_Validated):
 
     @field_validator("response_format")
     @classmethod
-    def _text_format(cls, fmt: dict[str, Any] | None) -> dict[str, Any] | None:
-        if fmt is not None and fmt.get("type") != "text":
-            kind = fmt.get("type")
-            if kind in ("json_object", "json_schema"):
-                raise ValueError(f"response_format type {kind!r} (structured output) is not supported yet; "
-                                 "use {'type': 'text'} or leave it out")
-            raise ValueError(f"unknown response_format type {kind!r}; use 'text'")
+    def _format(cls, fmt: dict[str, Any] | None) -> dict[str, Any] | None:
+        if fmt is None:
+            return None
+        kind = fmt.get("type")
+        if kind not in ("text", "json_object", "json_schema"):
+            raise ValueError(f"unknown response_format type {kind!r}; use 'text', 'json_object' or 'json_schema'")
+        if kind == "json_schema":
+            spec = fmt.get("json_schema")
+            if not isinstance(spec, dict) or not isinstance(spec.get("schema"), dict):
+                raise ValueError("a json_schema response_format needs {'json_schema': {'name': ..., 'schema': {...}}}")
         return fmt
 
     @field_validator("messages", mode="before")

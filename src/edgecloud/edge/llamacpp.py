@@ -538,7 +538,7 @@ class LlamaCppBackend(SerialBackend):
     def _make_sampler(self, params: SamplingParams) -> Any:
         """A llama.cpp sampler chain, or None for plain greedy (argmax in numpy)."""
         temperature, presence, frequency = params.temperature, params.presence_penalty, params.frequency_penalty
-        if params.greedy and not params.penalised and not params.logit_bias:
+        if params.greedy and not params.penalised and not params.logit_bias and params.grammar is None:
             return None
         from llama_cpp._internals import LlamaSampler
 
@@ -551,6 +551,13 @@ class LlamaCppBackend(SerialBackend):
             sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, 1.0, frequency, presence)
         if params.logit_bias:
             sampler.add_logit_bias(self._n_vocab, dict(params.logit_bias))
+        if params.grammar is not None:
+            grammar = self._lib.llama_sampler_init_grammar(self._vocab, params.grammar.encode("utf-8"), b"root")
+            if not grammar:
+                sampler.close()
+                raise InvalidRequestError("invalid 'response_format': llama.cpp could not compile the grammar for "
+                                          "this schema; simplify it", param="response_format")
+            self._lib.llama_sampler_chain_add(sampler.sampler, grammar)
         if temperature == 0.0:
             sampler.add_greedy()
             return sampler
@@ -580,7 +587,7 @@ class LlamaCppBackend(SerialBackend):
             messages = request.message_dicts()
             prompt = self._encode_chat(messages, continue_final=request.continue_final_message)
             max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
-            sampler = self._make_sampler(sampling_params(request, max_new, logit_bias=True))
+            sampler = self._make_sampler(sampling_params(request, max_new, logit_bias=True, grammar=True))
             try:
                 yield from self._decode(llm, request, messages, prompt, max_new, sampler)
             except (GeneratorExit, EdgeCloudError):

@@ -43,6 +43,8 @@ class SamplingParams:
     stop_at_eog: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    #: A GBNF grammar every answer must match (``response_format`` json_object / json_schema).
+    grammar: str | None = None
     #: (token id, bias) pairs added to the logits before sampling (OpenAI's ``logit_bias``).
     logit_bias: tuple[tuple[int, float], ...] = ()
     #: The request's speculation limits: a proposer name or "off" (None: the server's choice), and a cap on k.
@@ -66,17 +68,28 @@ class SamplingParams:
         return bool(self.presence_penalty or self.frequency_penalty)
 
 
-def sampling_params(request: Any, max_new_tokens: int, *, logit_bias: bool = False) -> SamplingParams:
+def sampling_params(
+    request: Any, max_new_tokens: int, *, logit_bias: bool = False, grammar: bool = False
+) -> SamplingParams:
     """The request's sampling options (a chat or completions request) with the defaults filled in.
 
-    ``logit_bias``: whether the calling runtime applies it; a request that asks for it from one
-    that does not is refused here (never silently ignored).
+    ``logit_bias`` / ``grammar``: whether the calling runtime applies a logit bias / holds
+    decoding to a grammar (``response_format``); a request that asks a runtime for what it does
+    not do is refused here, naming the field (never silently ignored).
     """
+    fmt = getattr(request, "response_format", None)
+    wants_grammar = bool(fmt) and fmt.get("type") != "text"
+    if wants_grammar and not grammar:
+        raise InvalidRequestError("structured output (response_format json_object / json_schema) is not supported by "
+                                  "this runtime; the llama.cpp runtime constrains it", param="response_format")
     bias = getattr(request, "logit_bias", None) or {}
     if bias and not logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "
                                   "(leave it out here)", param="logit_bias")
+    from .structured import response_grammar
+
     return SamplingParams(
+        grammar=response_grammar(fmt) if wants_grammar else None,
         logit_bias=tuple((int(token), float(value)) for token, value in bias.items()),
         max_new_tokens=max_new_tokens,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
