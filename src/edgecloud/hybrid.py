@@ -262,6 +262,10 @@ class Hybrid(Backend):
         mode = request.collab or self.settings.collab.mode
         if decision.local_only or mode == "off" or not self.clouds or not self._edge_configured:
             return "off"
+        if _structured(request):
+            # a span would restart the other side's grammar mid-answer: one side writes it
+            decision.reason += "; structured output is written by one side"
+            return "off"
         if not self.edge_breaker.available() or decision.kind in ("context", "unavailable", "only_side"):
             return "off"
         if decision.pinned and decision.target == "cloud":
@@ -467,8 +471,9 @@ class _Run:
         return kind(self.request, edge, clouds, self.hybrid.settings.collab, self.route, hooks)
 
     def _stream(self, attempts: list[Attempt], request: ChatRequest) -> FailoverStream:
-        return FailoverStream(attempts, request, self.route, self.hybrid.settings.fallback.mid_stream,
-                              self.on_fallback, self.finalize)
+        # a structured answer cannot be continued by another side's grammar: after text, a failure is raised
+        mid_stream = self.hybrid.settings.fallback.mid_stream and not _structured(request)
+        return FailoverStream(attempts, request, self.route, mid_stream, self.on_fallback, self.finalize)
 
     def _probe(self) -> ChatRequest:
         """The cascade's edge request: with logprobs when the edge runtime gives them (a signal)."""
@@ -531,6 +536,12 @@ class _Run:
             self._span.set_route(route.target, route.backend, route.reason, route.score)
             self._span.set_response(model=last.model, response_id=last.id, finish_reason=finish,
                                     usage=last.usage, cost=cost)
+
+
+def _structured(request: ChatRequest) -> bool:
+    """Whether the answer is held to a grammar (``response_format`` json_object / json_schema)."""
+    fmt = request.response_format
+    return bool(fmt) and fmt.get("type") != "text"
 
 
 def settings_from(config: Any = None, **overrides: Any) -> EdgeCloudSettings:

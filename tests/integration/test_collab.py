@@ -298,3 +298,14 @@ def test_the_edge_failing_with_no_cloud_to_finish_is_raised(edge: Backend) -> No
                 run(c)
     finally:
         fake.close()
+
+
+def test_structured_answers_are_written_by_one_side(edge: Backend, server: ServeProcess) -> None:
+    import json
+
+    with client(edge, server.url, MODEL, mode="token", gate=0.0) as c:
+        answer = c.chat.completions.create(
+            messages=[{"role": "user", "content": "Reply with a JSON object with one key, colour."}], max_tokens=60,
+            temperature=0, response_format={"type": "json_object"})
+    assert answer.route.collab == "off" and min(answer.route.tokens.values()) == 0  # one side wrote it all
+    assert answer.choices[0].finish_reason == "stop" and isinstance(json.loads(answer.text), dict)
