@@ -50,7 +50,7 @@ from ..errors import (
     ModelIntegrityError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from ..runtime.chunks import log_partition
+from ..runtime.chunks import log_partition, top_tokens
 from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.chat_template import ChatTemplate
 from ..runtime.chunks import AnswerChunks, answer_budget
@@ -508,8 +508,7 @@ class LlamaCppBackend(SerialBackend):
             pending = last.copy()
             for first in range(0, len(rest), max(1, llm.n_batch)):
                 batch = rest[first: first + llm.n_batch]
-                for token in batch[:1]:
-                    scores.append(self._score_row(pending, token, top_n))
+                scores.append(self._score_row(pending, batch[0], top_n))  # predicted before this batch
                 n_past = llm.n_tokens
                 llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
                 llm._ctx.decode(llm._batch)
@@ -526,12 +525,8 @@ class LlamaCppBackend(SerialBackend):
 
     def _score_row(self, logits: Any, token: int, top_n: int) -> TokenScore:
         log_z = log_partition(logits)
-        top: list[tuple[int, float]] = []
-        if top_n:
-            best = np.argpartition(logits, -top_n)[-top_n:]
-            best = best[np.argsort(-logits[best], kind="stable")]
-            top = [(int(t), min(0.0, float(logits[t]) - log_z)) for t in best.tolist()]
-        return TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z), top=top)
+        return TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z),
+                          top=top_tokens(logits, top_n, log_z))
 
     # ------------------------------------------------------------------ sampling
 

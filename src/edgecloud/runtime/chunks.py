@@ -35,7 +35,7 @@ from ..types import (
 from ..errors import ContextOverflowError
 from .text_stream import TextStream
 
-__all__ = ["AnswerChunks", "answer_budget", "log_partition", "token_logprob"]
+__all__ = ["AnswerChunks", "answer_budget", "log_partition", "token_logprob", "top_tokens"]
 
 
 def answer_budget(
@@ -58,6 +58,16 @@ def log_partition(logits: npt.NDArray[np.single]) -> float:
     return peak + float(np.log(np.exp(logits - peak, dtype=np.float32).sum(dtype=np.float64)))
 
 
+def top_tokens(logits: npt.NDArray[np.single], top_n: int, log_z: float) -> list[tuple[int, float]]:
+    """The ``top_n`` most likely token ids under ``logits`` with their logprobs, best first
+    (``log_z``: :func:`log_partition` of the same logits)."""
+    if not top_n:
+        return []
+    best = np.argpartition(logits, -top_n)[-top_n:]
+    best = best[np.argsort(-logits[best], kind="stable")]
+    return [(int(t), min(0.0, float(logits[t]) - log_z)) for t in best.tolist()]
+
+
 def token_logprob(
     logits: npt.NDArray[np.single], token: int, top_n: int, piece: Callable[[int], bytes]
 ) -> TokenLogprob:
@@ -65,18 +75,10 @@ def token_logprob(
     distribution ``logits`` defines; ``piece`` gives a token's bytes."""
     log_z = log_partition(logits)
     tops: list[TopLogprob] = []
-    if top_n:
-        best = np.argpartition(logits, -top_n)[-top_n:]
-        best = best[np.argsort(-logits[best], kind="stable")]
-        for alt in best.tolist():
-            alt_piece = piece(alt)
-            tops.append(
-                TopLogprob(
-                    token=alt_piece.decode("utf-8", errors="replace"),
-                    logprob=min(0.0, float(logits[alt]) - log_z),
-                    bytes=list(alt_piece),
-                )
-            )
+    for alt, logprob in top_tokens(logits, top_n, log_z):
+        alt_piece = piece(alt)
+        tops.append(TopLogprob(token=alt_piece.decode("utf-8", errors="replace"), logprob=logprob,
+                               bytes=list(alt_piece)))
     chosen = piece(token)
     return TokenLogprob(
         token=chosen.decode("utf-8", errors="replace"),

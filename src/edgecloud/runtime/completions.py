@@ -198,10 +198,6 @@ class ScoringBackend(Protocol):
         ...
 
 
-def _token_name(backend: ScoringBackend, token: int, as_ids: bool) -> str:
-    return f"token_id:{token}" if as_ids else backend.token_bytes(token).decode("utf-8", errors="replace")
-
-
 def scored_completion(backend: ScoringBackend, request: CompletionRequest, model: str) -> Completion:
     """The answer to a scoring request (``echo`` + ``logprobs``; see the module docstring)."""
     if not request.scoring:
@@ -220,12 +216,23 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     top_n, as_ids = request.logprobs or 0, request.return_tokens_as_token_ids
     scores, nxt = backend.score(tokens, start=start, top_n=top_n)
     generated = [nxt] if request.max_tokens else []
-    names = [_token_name(backend, t, as_ids) for t in tokens + [g.token for g in generated]]
+    echoed = tokens + [g.token for g in generated]
+    known: dict[int, bytes] = {}  # each distinct token's bytes, asked of the runtime once
+
+    def piece(token: int) -> bytes:
+        if token not in known:
+            known[token] = backend.token_bytes(token)
+        return known[token]
+
+    def name(token: int) -> str:
+        return f"token_id:{token}" if as_ids else piece(token).decode("utf-8", errors="replace")
+
+    names = [name(t) for t in echoed]
     token_logprobs: list[float | None] = [None] * start + [s.logprob for s in scores] + [s.logprob for s in generated]
     tops: list[dict[str, float] | None] = [None] * start
     for score in [*scores, *generated]:
-        tops.append({_token_name(backend, t, as_ids): lp for t, lp in score.top})
-    pieces = [backend.token_bytes(t) for t in tokens + [g.token for g in generated]]
+        tops.append({name(t): lp for t, lp in score.top})
+    pieces = [piece(t) for t in echoed]
     offsets, at = [], 0
     for piece in pieces:
         offsets.append(at)
