@@ -218,9 +218,11 @@ def test_a_failing_span_leaves_the_edge_to_write_on(edge: Backend, reply: Any, c
     assert spans and all(f["cause"] == cause and f["from"] == "cloud" for f in spans)
 
 
-def test_a_span_refused_for_the_key_is_raised(edge: Backend, server: ServeProcess) -> None:
-    with EdgeCloud(edge_backend=edge, cloud_base_url=server.url, cloud_model=MODEL,
-                   cloud_api_key="sk-wrong", config={"collab": {"mode": "token", "gate": 0.0}}) as c:
+@pytest.mark.parametrize("key, model", [("sk-wrong", MODEL), (KEY, "no-such-model")])  # 401, 404
+def test_a_span_refused_for_the_key_or_the_model_is_raised(edge: Backend, server: ServeProcess, key: str,
+                                                           model: str) -> None:
+    with EdgeCloud(edge_backend=edge, cloud_base_url=server.url, cloud_model=model,
+                   cloud_api_key=key, config={"collab": {"mode": "token", "gate": 0.0}}) as c:
         with pytest.raises(ConfigError, match="refused"):
             run(c)
 
