@@ -12,6 +12,9 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
 
+from edgecloud.backend import Backend
+from edgecloud.errors import BackendError
+
 
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on right now."""
@@ -203,8 +206,8 @@ def running_app(app: object) -> Iterator[str]:
 
 @contextlib.contextmanager
 def serving(engine: str, model: Any, *, n_ctx: int, api_key: str) -> Iterator[tuple[str, Any]]:
-    """``(url, backend)``: the real app on loopback over the ``torch`` engine (batched) or the
-    ``llamacpp`` runtime, loaded first and closed afterwards."""
+    """``(url, backend)``: the real app on loopback over the ``torch`` or the ``llamacpp`` engine
+    (both batched, what ``edgecloud serve`` runs), loaded first and closed afterwards."""
     from edgecloud.cloud.server import create_app
 
     if engine == "torch":
@@ -212,12 +215,30 @@ def serving(engine: str, model: Any, *, n_ctx: int, api_key: str) -> Iterator[tu
 
         backend: Any = TorchEngineBackend(model, n_ctx=n_ctx, max_batch=4)
     else:
-        from edgecloud.edge.llamacpp import LlamaCppBackend
+        from edgecloud.cloud.llamacpp_engine import LlamaCppEngineBackend
 
-        backend = LlamaCppBackend(model, n_ctx=n_ctx)
+        backend = LlamaCppEngineBackend(model, n_ctx=n_ctx, max_batch=2)
     backend.load()
     try:
         with running_app(create_app(backend, model_name="m", api_key=api_key)) as url:
             yield url, backend
     finally:
         backend.close()
+
+
+class BreaksAfter(Backend):
+    """Fault injection: the real edge backend failing after ``n`` content chunks, as a runtime
+    that fails while generating reports it (a typed ``runtime_error``)."""
+
+    def __init__(self, inner: Any, n: int) -> None:
+        self.inner, self.n = inner, n
+        self.name = inner.name  # type: ignore[misc]
+
+    def stream(self, request: Any) -> Iterator[Any]:
+        seen = 0
+        for chunk in self.inner.stream(request):
+            if chunk.text:
+                seen += 1
+                if seen > self.n:
+                    raise BackendError("the edge runtime failed mid-stream (injected)", cause="runtime_error")
+            yield chunk

@@ -37,7 +37,7 @@ from faults import free_port as _free_port  # noqa: E402
 def server(qwen05_path: Path) -> Iterator[str]:
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "edgecloud", "serve", "--model", MODEL, "--quant", "fp8", "--port", str(port),
+        [sys.executable, "-m", "edgecloud", "serve", "--engine", "torch", "--model", MODEL, "--quant", "fp8", "--port", str(port),
          "--api-key", KEY, "--max-batch", "2", "--max-queue", "1", "--ctx", "512", "--log-level", "warning"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )

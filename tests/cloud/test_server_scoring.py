@@ -18,6 +18,7 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("fastapi")
 openai = pytest.importorskip("openai")
 
+from edgecloud.runtime.sampling import SamplingParams
 from faults import serving
 
 KEY = "sk-test"
@@ -45,7 +46,8 @@ def test_token_ids_are_scored_and_the_greedy_token_follows(scoring_server: tuple
     assert lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
     own, nxt = backend.score(ids, start=1, top_n=3)
     assert lp.token_logprobs[1:-1] == pytest.approx([s.logprob for s in own], abs=1e-4)
-    assert int(lp.tokens[-1].split(":")[1]) == nxt.token == backend.draft(ids, 1)[0]
+    generated = list(backend.scheduler.submit(ids, SamplingParams(1, temperature=0.0)))
+    assert int(lp.tokens[-1].split(":")[1]) == nxt.token == generated[0]
     best = [max(d, key=d.get) for d in lp.top_logprobs[1:]]
     assert best == [f"token_id:{s.argmax}" for s in [*own, nxt]]
     assert answer.usage.prompt_tokens == len(ids) and answer.usage.completion_tokens == 1

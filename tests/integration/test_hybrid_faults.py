@@ -23,7 +23,7 @@ from edgecloud.edge.llamacpp import LlamaCppBackend
 from edgecloud.errors import BackendError, EdgeCloudError, InvalidRequestError, PrivacyViolationError
 from edgecloud.router.policy import RoutePolicy
 from edgecloud.types import ChatCompletionChunk, ChatRequest, collect_chunks
-from faults import USAGE, ScriptedServer, ServeProcess, event, free_port, json_reply, sse_reply
+from faults import USAGE, BreaksAfter, ScriptedServer, ServeProcess, event, free_port, json_reply, sse_reply
 
 KEY = "sk-test"
 STORY = [{"role": "user", "content": "Write a long story about a dragon who learns to cook."}]
@@ -45,24 +45,6 @@ class Fixed:
 
 CLOUD_FIRST = Fixed(1.0)
 EDGE_FIRST = Fixed(0.0)
-
-
-class BreaksAfter(Backend):
-    """Fault injection: the real edge backend failing after ``n`` content chunks, as a runtime
-    that fails while generating reports it (a typed ``runtime_error``)."""
-
-    def __init__(self, inner: Backend, n: int) -> None:
-        self.inner, self.n = inner, n
-        self.name = inner.name  # type: ignore[misc]
-
-    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        seen = 0
-        for chunk in self.inner.stream(request):
-            if chunk.text:
-                seen += 1
-                if seen > self.n:
-                    raise BackendError("the edge runtime failed mid-stream (injected)", cause="runtime_error")
-            yield chunk
 
 
 @pytest.fixture(scope="module")

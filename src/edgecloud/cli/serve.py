@@ -1,39 +1,37 @@
 """``edgecloud serve``: the OpenAI-compatible endpoint on this machine, or vLLM for scale-out.
 
-Engines: ``torch`` (default; our engine with continuous batching, a prefix cache and
-fp32 / bf16 / fp8 weights), ``llamacpp`` (the INT4 GGUF as is, one request at a time) and
-``vllm`` (builds and runs the equivalent ``vllm serve`` command, see
-:mod:`edgecloud.cloud.vllm`). With ``--draft-model`` / ``--spec`` the torch engine decodes
-speculatively (:mod:`edgecloud.cloud.speculative`).
+Engines: ``llamacpp`` (the GGUF's own INT4 weights, continuous batching over llama.cpp
+sequences), ``torch`` (our engine: continuous batching, fp32 / bf16 / fp8 weights), ``vllm``
+(vLLM's OpenAI server, started and watched; see :mod:`edgecloud.cloud.vllm`), and ``auto``
+(the default: :func:`edgecloud.cloud.engine_choice.choose_engine` picks one for this machine
+and says why). ``--draft-model`` / ``--spec`` decode speculatively on every engine.
+Options an engine does not have are refused by name (exit 2), never ignored.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 
 import typer
 
 from ..errors import EdgeCloudError
 
-ENGINES = ("torch", "llamacpp", "vllm")
+ENGINES = ("auto", "llamacpp", "torch", "vllm")
 QUANTS = ("auto", "fp32", "bf16", "fp8")
 #: ``--spec`` values (kept here so the CLI does not import torch to check an argument).
 SPEC_MODES = ("draft", "ngram", "auto", "off")
 DEFAULT_CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct-q4"
+DEFAULT_MAX_BATCH = 8
+DEFAULT_MAX_QUEUE = 64
 
-
-def pick_device_and_precision(precision: str) -> tuple[str, str]:
-    """``auto`` → FP8 where matmuls run natively in FP8, bf16 on other GPUs, fp32 on the CPU."""
-    import torch
-
-    from ..engine.fp8 import scaled_mm_supported
-
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    if precision != "auto":
-        return device, precision
-    if scaled_mm_supported(device):
-        return device, "fp8"
-    return device, ("bf16" if device == "cuda" else "fp32")
+#: Options each engine takes besides the common ones (for "not on this engine" errors).
+ENGINE_OPTIONS: dict[str, frozenset[str]] = {
+    "llamacpp": frozenset({"--max-queue", "--threads", "--draft-model", "--spec", "--spec-k-max"}),
+    "torch": frozenset({"--quant", "--max-queue", "--quant-config", "--draft-model", "--spec", "--spec-k-max"}),
+    "vllm": frozenset({"--quant", "--tensor-parallel-size", "--dry-run", "--tokenizer", "--vllm-arg", "--vllm-python",
+                       "--threads", "--draft-model", "--spec", "--spec-k-max"}),
+}
 
 
 def _fail(message: str) -> typer.Exit:
@@ -41,83 +39,147 @@ def _fail(message: str) -> typer.Exit:
     return typer.Exit(2)
 
 
+def _note(message: str) -> None:
+    typer.echo(f"edgecloud: {message}", err=True)
+
+
 def serve_command(
-    model: str = typer.Option(DEFAULT_CLOUD_MODEL, "--model", "-m", help="Catalogue name or .gguf path."),
+    model: str = typer.Option(DEFAULT_CLOUD_MODEL, "--model", "-m", help="Catalogue name, .gguf path (or, for vllm, a checkpoint directory or OWNER/REPO)."),
     engine: str = typer.Option(
-        "torch", "--engine", "--runtime", help="torch (batched, fp32/bf16/fp8), llamacpp (INT4 as is) or vllm."
+        "auto", "--engine", "--runtime",
+        help="auto (chosen for this machine, reason printed), llamacpp (INT4 GGUF, continuous batching), torch (fp32/bf16/fp8) or vllm.",
     ),
-    quant: str = typer.Option(
-        "auto", "--quant", "--precision", help="fp32, bf16, fp8, or auto (fp8 on CUDA sm89+, bf16 on CUDA, fp32 on CPU)."
+    quant: str | None = typer.Option(
+        None, "--quant", "--precision",
+        help="torch/vllm: fp32, bf16, fp8, or auto (FP8 on CUDA sm89+ after a self-check, bf16 on other GPUs and bf16 CPUs, else fp32).",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8000, "--port", help="TCP port."),
     api_key: str | None = typer.Option(
         None, "--api-key", help="Require this bearer key on /v1 (default: $EDGECLOUD_API_KEY, else none)."
     ),
-    max_batch: int = typer.Option(8, "--max-batch", min=1, help="Sequences decoded together (torch, vllm)."),
-    max_queue: int = typer.Option(64, "--max-queue", min=0, help="Requests waiting for a slot before 429 (torch)."),
-    ctx: int | None = typer.Option(None, "--ctx", help="Context size (default: the engine's choice)."),
+    served_model_name: str | None = typer.Option(None, "--served-model-name", help="The model name clients send (default: the catalogue name or file stem)."),
+    max_batch: int = typer.Option(DEFAULT_MAX_BATCH, "--max-batch", min=1, help="Sequences decoded together."),
+    max_queue: int | None = typer.Option(None, "--max-queue", min=0, help=f"llamacpp/torch: requests waiting for a slot before 429 (default {DEFAULT_MAX_QUEUE})."),
+    ctx: int | None = typer.Option(None, "--ctx", help="Context per request (default: the engine's choice)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="llamacpp/vllm on CPU: compute threads (default: every core)."),
     quant_config: str | None = typer.Option(
         None, "--quant-config", help="torch fp8: a quantization config (layers kept in high precision) from quant compare."
     ),
     tensor_parallel_size: int | None = typer.Option(
         None, "--tensor-parallel-size", help="vllm: GPUs to split the model over (default: all visible)."
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="vllm: print the vllm serve command instead of running it."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer", help="vllm: a Hugging Face tokenizer (default: the checkpoint's own)."),
+    vllm_args: list[str] = typer.Option([], "--vllm-arg", help="vllm: one more vLLM flag, passed verbatim (repeat it; e.g. --vllm-arg=--enforce-eager)."),
+    vllm_python: str | None = typer.Option(None, "--vllm-python", help="vllm: the Python whose environment has vLLM (default: $EDGECLOUD_VLLM_PYTHON, else this one)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="vllm: print the command instead of running it."),
     draft_model: str | None = typer.Option(
-        None, "--draft-model", help="torch: a small model with the same tokenizer to draft tokens (llama.cpp INT4)."
+        None, "--draft-model", help="A small model with the same tokenizer that drafts tokens (e.g. qwen2.5-coder-0.5b-instruct-q4)."
     ),
     spec: str | None = typer.Option(
-        None, "--spec", help="torch: speculative decoding: draft, ngram, auto or off (default: auto with --draft-model, else off)."
+        None, "--spec", help="Speculative decoding: draft, ngram, auto (ours only) or off (default: auto with --draft-model, else off)."
     ),
-    spec_k_max: int = typer.Option(8, "--spec-k-max", min=1, max=32, help="torch: most draft tokens per step (adaptive below it)."),
+    spec_k_max: int = typer.Option(8, "--spec-k-max", min=1, max=32, help="Most draft tokens per step (adaptive below it; vllm: fixed)."),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
     if engine not in ENGINES:
         raise _fail(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
-    if quant not in QUANTS:
+    if quant is not None and quant not in QUANTS:
         raise _fail(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
     spec_mode = spec or ("auto" if draft_model else "off")
     if spec_mode not in SPEC_MODES:
         raise _fail(f"unknown --spec {spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
-    if spec_mode != "off" and engine != "torch":
-        raise _fail(f"--spec runs on --engine torch (for vllm pass its own --speculative-config); got --engine {engine}")
     if spec_mode in ("draft", "auto") and not draft_model:
         raise _fail(f"--spec {spec_mode} needs --draft-model (e.g. qwen2.5-coder-0.5b-instruct-q4 for a qwen2.5-coder target)")
+    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="edgecloud: %(message)s")
     key = api_key or os.environ.get("EDGECLOUD_API_KEY")
+    given = {
+        "--quant": quant is not None, "--max-queue": max_queue is not None, "--threads": threads is not None,
+        "--quant-config": quant_config is not None, "--tensor-parallel-size": tensor_parallel_size is not None,
+        "--tokenizer": tokenizer is not None, "--vllm-arg": bool(vllm_args), "--vllm-python": vllm_python is not None,
+        "--dry-run": dry_run, "--draft-model": draft_model is not None, "--spec": spec is not None,
+    }
     try:
+        if engine == "auto":
+            engine = _auto_engine(vllm_python)
+        refused = sorted(name for name, set_ in given.items() if set_ and name not in ENGINE_OPTIONS[engine])
+        if refused:
+            raise _fail(f"{', '.join(refused)} {'does' if len(refused) == 1 else 'do'} not apply to --engine {engine}; "
+                        f"leave {'it' if len(refused) == 1 else 'them'} out or pick another engine")
         if engine == "vllm":
-            from ..cloud.vllm import VLLMSettings, launch_vllm
-
-            settings = VLLMSettings(
-                model=model, host=host, port=port, api_key=key, quant=quant,  # type: ignore[arg-type]
-                max_batch=max_batch, ctx=ctx, tensor_parallel_size=tensor_parallel_size,
-            )
-            raise typer.Exit(launch_vllm(settings, dry_run=dry_run))
+            if spec is None and draft_model:
+                spec_mode = "draft"  # vLLM has no adaptive choice between proposers
+            raise typer.Exit(_serve_vllm(
+                model=model, host=host, port=port, api_key=key, quant=quant or "auto", max_batch=max_batch, ctx=ctx,
+                tensor_parallel_size=tensor_parallel_size, served_model_name=served_model_name, tokenizer=tokenizer,
+                threads=threads, spec=spec_mode, draft_model=draft_model, spec_k_max=spec_k_max,
+                extra_args=list(vllm_args), python=vllm_python, dry_run=dry_run,
+            ))
         from ..cloud.server import serve
 
         if engine == "torch":
-            from ..cloud.engine_backend import TorchEngineBackend
-            from ..cloud.speculative import SpecConfig
+            backend = _torch_backend(model, quant or "auto", ctx, max_batch, max_queue, quant_config, spec_mode,
+                                     spec_k_max, draft_model)
+        else:
+            from ..cloud.llamacpp_engine import LlamaCppEngineBackend
+            from ..cloud.speculative.adaptive import SpecConfig
 
-            device, chosen = pick_device_and_precision(quant)
-            keep: tuple[str, ...] = ()
-            if quant_config is not None:
-                from ..quant.compare import load_quant_config
-
-                keep = tuple(load_quant_config(quant_config).keep_high_precision)
-                if chosen != "fp8":
-                    raise _fail(f"--quant-config applies to fp8 weights; this server runs {chosen}")
-            backend = TorchEngineBackend(
-                model, precision=chosen, n_ctx=ctx, device=device, max_batch=max_batch, max_queue=max_queue,
-                fp8_skip=keep, speculative=SpecConfig(mode=spec_mode, k_max=spec_k_max),  # type: ignore[arg-type]
+            backend = LlamaCppEngineBackend(
+                model, n_ctx=ctx, max_batch=max_batch, max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue,
+                threads=threads, speculative=SpecConfig(mode=spec_mode, k_max=spec_k_max),  # type: ignore[arg-type]
                 draft_model=draft_model,
             )
-        else:
-            from ..edge.llamacpp import LlamaCppBackend
-
-            backend = LlamaCppBackend(model, n_ctx=ctx)
-        serve(backend, host, port, api_key=key, log_level=log_level)
+        serve(backend, host, port, model_name=served_model_name, api_key=key, log_level=log_level,
+              on_loaded=lambda: _note(_loaded_line(engine, backend)))
     except EdgeCloudError as exc:
         raise _fail(str(exc)) from None
+
+
+def _auto_engine(vllm_python: str | None) -> str:
+    from ..cloud.engine_choice import choose_engine
+    from ..cloud.vllm_launch import find_vllm
+
+    found = find_vllm(vllm_python)
+    usable = found is not None and found.problem is None
+    choice = choose_engine(vllm_version=found.version if usable else None, vllm_on_cpu=bool(found and found.cpu))
+    _note(f"--engine auto: {choice.engine}: {choice.reason}")
+    return choice.engine
+
+
+def _loaded_line(engine: str, backend: object) -> str:
+    name = getattr(backend, "model_name", "")
+    if engine == "torch":
+        return (f"torch engine serving {name} in {getattr(backend, 'precision', '?')} on "
+                f"{getattr(backend, 'device', '?')} ({getattr(backend, 'precision_reason', '')})")
+    return f"llama.cpp engine serving {name}: {getattr(backend, 'max_batch', '?')} slots of {getattr(backend, 'n_ctx', '?')} tokens"
+
+
+def _torch_backend(model: str, quant: str, ctx: int | None, max_batch: int, max_queue: int | None,
+                   quant_config: str | None, spec_mode: str, spec_k_max: int, draft_model: str | None) -> object:
+    from ..cloud.engine_backend import TorchEngineBackend
+    from ..cloud.engine_choice import choose_precision
+    from ..cloud.speculative import SpecConfig
+
+    device, chosen, _ = choose_precision(quant)
+    keep: tuple[str, ...] = ()
+    if quant_config is not None:
+        from ..quant.compare import load_quant_config
+
+        keep = tuple(load_quant_config(quant_config).keep_high_precision)
+        if chosen not in ("fp8", "fp8-checked"):
+            raise _fail(f"--quant-config applies to fp8 weights; this server runs {chosen}")
+    return TorchEngineBackend(
+        model, precision="auto" if quant == "auto" else chosen, n_ctx=ctx, device=device, max_batch=max_batch,
+        max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue, fp8_skip=keep,
+        speculative=SpecConfig(mode=spec_mode, k_max=spec_k_max),  # type: ignore[arg-type]
+        draft_model=draft_model,
+    )
+
+
+def _serve_vllm(*, python: str | None, dry_run: bool, **options: object) -> int:
+    from ..cloud.vllm import VLLMSettings
+    from ..cloud.vllm_launch import launch_vllm
+
+    settings = VLLMSettings(**options)  # type: ignore[arg-type]
+    return launch_vllm(settings, python=python, dry_run=dry_run)

@@ -46,7 +46,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -395,15 +395,19 @@ def serve(
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
     log_level: str = "info",
+    on_loaded: Callable[[], None] | None = None,
 ) -> None:
     """Load ``backend``, serve it with uvicorn until interrupted, then close it.
 
-    ``model_name`` defaults to the backend's ``model_name`` attribute (or its registry name).
+    ``model_name`` defaults to the backend's ``model_name`` attribute (or its registry name);
+    ``on_loaded`` runs once the backend is loaded (``edgecloud serve`` says what it serves).
     """
     import uvicorn
 
     name = model_name or backend.model_name or backend.name
     backend.load()
+    if on_loaded is not None:
+        on_loaded()
     app = create_app(backend, model_name=name, api_key=api_key, max_body_bytes=max_body_bytes)
     try:
         uvicorn.run(app, host=host, port=port, log_level=log_level)

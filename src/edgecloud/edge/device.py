@@ -12,21 +12,18 @@ in :data:`PROFILES` says where its number comes from.
 
 from __future__ import annotations
 
-import os
 import platform
-import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..errors import InvalidRequestError
+from ..runtime.hardware import nvidia_gpus
 from ..runtime.llama_cpp import physical_cores
 
 __all__ = ["DeviceProfile", "PROFILES", "get_device", "detect_device", "device_names"]
 
 GiB = 1024**3
-MiB = 1024**2
 
 
 @dataclass(frozen=True)
@@ -165,16 +162,8 @@ def _torch_gpu() -> tuple[int, bool, str | None]:
 
 def _nvidia_free_bytes() -> int:
     """Free memory of the first NVIDIA GPU as ``nvidia-smi`` reports it (0 when there is none)."""
-    if not os.path.exists("/proc/driver/nvidia/gpus") and shutil.which("nvidia-smi") is None:
-        return 0
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout
-        return int(float(out.split()[0]) * MiB)
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return 0
+    gpus = nvidia_gpus()
+    return gpus[0].free_bytes if gpus else 0
 
 
 def _gpu(total_ram: int) -> tuple[int, bool, str | None]:

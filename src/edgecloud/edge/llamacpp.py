@@ -46,7 +46,6 @@ from ..errors import (
     BackendUnavailableError,
     ConfigError,
     EdgeCloudError,
-    InvalidRequestError,
     ModelIntegrityError,
 )
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
@@ -57,7 +56,8 @@ from ..runtime.chunks import AnswerChunks, answer_budget
 from ..runtime.gguf import read_gguf_spec
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
 from .memory import plan as plan_memory
-from ..runtime.sampling import PENALTY_LAST_N, SamplingParams, sampling_params
+from ..runtime.llamacpp_sampler import make_sampler
+from ..runtime.sampling import SamplingParams, sampling_params
 from ..runtime.prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
 
 __all__ = [
@@ -532,42 +532,7 @@ class LlamaCppBackend(SerialBackend):
 
     def _make_sampler(self, params: SamplingParams) -> Any:
         """A llama.cpp sampler chain, or None for plain greedy (argmax in numpy)."""
-        temperature, presence, frequency = params.temperature, params.presence_penalty, params.frequency_penalty
-        if params.greedy and not params.penalised and not params.logit_bias and params.grammar is None:
-            return None
-        from llama_cpp._internals import LlamaSampler
-
-        bad = next((t for t, _ in params.logit_bias if t >= self._n_vocab), None)
-        if bad is not None:
-            raise InvalidRequestError(f"logit_bias names token {bad}, outside this model's vocabulary "
-                                      f"(0..{self._n_vocab - 1})", param="logit_bias")
-        sampler = LlamaSampler()
-        if presence or frequency:
-            sampler.add_penalties(self._n_vocab, PENALTY_LAST_N, 1.0, frequency, presence)
-        if params.logit_bias:
-            sampler.add_logit_bias(self._n_vocab, dict(params.logit_bias))
-        if params.grammar is not None:
-            grammar = self._lib.llama_sampler_init_grammar(self._vocab, params.grammar.encode("utf-8"), b"root")
-            if not grammar:
-                sampler.close()
-                raise InvalidRequestError("invalid 'response_format': llama.cpp could not compile the grammar for "
-                                          "this schema; simplify it", param="response_format")
-            self._lib.llama_sampler_chain_add(sampler.sampler, grammar)
-        if temperature == 0.0:
-            sampler.add_greedy()
-            return sampler
-        top_p = params.top_p
-        sampler.add_temp(temperature)
-        if top_p < 1.0:
-            sampler.add_top_p(top_p, 1)
-        if params.seed is None:
-            seed = self._lib.LLAMA_DEFAULT_SEED  # llama.cpp draws a random seed
-        else:
-            seed = params.seed & 0xFFFFFFFF
-            if seed == self._lib.LLAMA_DEFAULT_SEED:
-                seed -= 1  # that value means "random" to llama.cpp
-        sampler.add_dist(seed)
-        return sampler
+        return make_sampler(self._lib, self._vocab, self._n_vocab, params)
 
     # ------------------------------------------------------------------ the stream
 

@@ -14,7 +14,7 @@ prepacked matmuls (fast small batches). Needs torch (``pip install 'edgecloud[cl
 from __future__ import annotations
 
 from .generate import Tokenizer, decode_one_token, generate, prefill, sample, sampling_probs
-from .linear import PackedLinear, pack_linears, packing_supported
+from .linear import PackedLinear, fuse_projections, pack_linears, packing_supported
 from .model import DEFAULT_N_CTX, PRECISIONS, KVCache, ModelArgs, Transformer, param_bytes
 from .weights import GGUFFile, load_state_dict
 
@@ -28,6 +28,7 @@ __all__ = [
     "Tokenizer",
     "Transformer",
     "decode_one_token",
+    "fuse_projections",
     "generate",
     "load_state_dict",
     "pack_linears",

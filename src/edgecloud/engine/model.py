@@ -164,6 +164,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         xf = x.float()
         return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight).to(x.dtype)
 
@@ -201,30 +203,64 @@ class Block(nn.Module):
         self.ffn_gate = nn.Linear(args.n_embd, args.n_ff, bias=False)
         self.ffn_up = nn.Linear(args.n_embd, args.n_ff, bias=False)
         self.ffn_down = nn.Linear(args.n_ff, args.n_embd, bias=False)
+        #: Set by :meth:`fuse` (then the separate projections are gone).
+        self.attn_qkv: nn.Module | None = None
+        self.ffn_gate_up: nn.Module | None = None
+
+    def fuse(self) -> bool:
+        """Replace q/k/v by one ``attn_qkv`` and gate/up by one ``ffn_gate_up`` (plain ``nn.Linear``
+        only); True when fused. Same numbers, fewer matmuls (:func:`~edgecloud.engine.fuse_projections`)."""
+        from .linear import fused_linear
+
+        parts = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
+        if self.attn_qkv is not None or not all(type(getattr(self, n, None)) is nn.Linear for n in parts):
+            return False
+        self.attn_qkv = fused_linear([self.attn_q, self.attn_k, self.attn_v])
+        self.ffn_gate_up = fused_linear([self.ffn_gate, self.ffn_up])
+        for name in parts:
+            delattr(self, name)
+        return True
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, segments: Sequence[_Segment]) -> Tensor:
         x = x + self.attention(self.attn_norm(x), cos, sin, layer, segments)
         h = self.ffn_norm(x)
-        return x + self.ffn_down(F.silu(self.ffn_gate(h)) * self.ffn_up(h))
+        if self.ffn_gate_up is not None:
+            gate, up = self.ffn_gate_up(h).chunk(2, dim=-1)
+        else:
+            gate, up = self.ffn_gate(h), self.ffn_up(h)
+        return x + self.ffn_down(F.silu(gate) * up)
 
     def attention(self, x: Tensor, cos: Tensor, sin: Tensor, layer: int, segments: Sequence[_Segment]) -> Tensor:
         """Project, rotate, write this layer's K/V into each sequence's cache, attend per sequence."""
         a = self.args
         T = x.shape[0]
-        q = apply_rope(self.attn_q(x).view(T, a.n_head, a.head_dim), cos, sin, a.rope_style)
-        k = apply_rope(self.attn_k(x).view(T, a.n_head_kv, a.head_dim), cos, sin, a.rope_style)
-        v = self.attn_v(x).view(T, a.n_head_kv, a.head_dim)
+        if self.attn_qkv is not None:
+            q, k, v = self.attn_qkv(x).split([a.n_head * a.head_dim, a.n_head_kv * a.head_dim,
+                                              a.n_head_kv * a.head_dim], dim=-1)
+        else:
+            q, k, v = self.attn_q(x), self.attn_k(x), self.attn_v(x)
+        q = apply_rope(q.reshape(T, a.n_head, a.head_dim), cos, sin, a.rope_style)
+        k = apply_rope(k.reshape(T, a.n_head_kv, a.head_dim), cos, sin, a.rope_style)
+        v = v.reshape(T, a.n_head_kv, a.head_dim)
+        group = a.n_head // a.n_head_kv
         outs = []
         for seg in segments:
             rows = slice(seg.start, seg.end)
             seg.cache.k[layer, seg.first : seg.stop] = k[rows]
             seg.cache.v[layer, seg.first : seg.stop] = v[rows]
-            keys = seg.cache.k[layer, : seg.stop].transpose(0, 1)
-            values = seg.cache.v[layer, : seg.stop].transpose(0, 1)
-            out = F.scaled_dot_product_attention(
-                q[rows].transpose(0, 1), keys, values, attn_mask=seg.mask, enable_gqa=a.n_head != a.n_head_kv
-            )
-            outs.append(out.transpose(0, 1).reshape(seg.end - seg.start, a.n_head * a.head_dim))
+            # [1, heads, positions, head_dim]: the 4-D layout the fused CPU/GPU SDPA kernels take
+            keys = seg.cache.k[layer, : seg.stop].transpose(0, 1).unsqueeze(0)
+            values = seg.cache.v[layer, : seg.stop].transpose(0, 1).unsqueeze(0)
+            n = seg.end - seg.start
+            if n == 1:
+                # one query (a decode step) needs no mask: the group's query heads become rows of
+                # one query per kv head, so no kv is repeated
+                out = F.scaled_dot_product_attention(q[rows].view(1, a.n_head_kv, group, a.head_dim), keys, values)
+            else:
+                out = F.scaled_dot_product_attention(
+                    q[rows].transpose(0, 1).unsqueeze(0), keys, values, attn_mask=seg.mask, enable_gqa=group > 1
+                )[0].transpose(0, 1)
+            outs.append(out.reshape(n, a.n_head * a.head_dim))
         return self.attn_output(outs[0] if len(outs) == 1 else torch.cat(outs))
 
 

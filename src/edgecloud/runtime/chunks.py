@@ -141,17 +141,27 @@ class AnswerChunks:
         """The role chunk (with the route)."""
         return self._chunk(ChoiceDelta(role="assistant", content=""))
 
-    def push(self, token: int, logits: npt.NDArray[np.single] | None = None) -> list[ChatCompletionChunk]:
-        """Take the next sampled token (``logits``: the distribution it came from, for logprobs);
-        returns the chunks to send now (none while text is held back). :attr:`generated` counts
-        it before anything is sent, so a caller's counters are right even if the stream is closed."""
+    @property
+    def top_n(self) -> int | None:
+        """Alternatives per token the request asked for with its logprobs (None: no logprobs)."""
+        return self._top_n if self._want_logprobs else None
+
+    def push(
+        self, token: int, logits: npt.NDArray[np.single] | None = None, *, logprob: TokenLogprob | None = None
+    ) -> list[ChatCompletionChunk]:
+        """Take the next sampled token (``logits``: the distribution it came from, for logprobs; or
+        ``logprob``, already computed where the logits were); returns the chunks to send now (none
+        while text is held back). :attr:`generated` counts it before anything is sent, so a
+        caller's counters are right even if the stream is closed."""
         if not self._ignore_eos and self._is_eog(token):
             self.finish_reason, self.done = "stop", True
             return []
         self.generated += 1
         if self._want_logprobs:
-            assert logits is not None, "logprobs need the logits the token was sampled from"
-            self._pending.append(token_logprob(logits, token, self._top_n, self._piece))
+            if logprob is None:
+                assert logits is not None, "logprobs need the logits the token was sampled from"
+                logprob = token_logprob(logits, token, self._top_n, self._piece)
+            self._pending.append(logprob)
         delta = self._text.push(self._piece(token))
         if self._text.stopped:
             self.finish_reason, self.done = "stop", True

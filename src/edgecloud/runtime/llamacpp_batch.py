@@ -131,6 +131,10 @@ class MultiSeqContext:
         """The logits of batch row ``row`` (added with ``logits=True``), as a numpy view valid until the next decode."""
         return np.ctypeslib.as_array(self._lib.llama_get_logits_ith(self._ctx, row), shape=(self.n_vocab,))
 
+    def sample(self, sampler: Any, row: int) -> int:
+        """Sample batch row ``row`` with a llama.cpp sampler chain (a ``LlamaSampler``), which accepts the token."""
+        return int(self._lib.llama_sampler_sample(sampler.sampler, self._ctx, row))
+
     def prefill(self, seq: int, tokens: list[int], start: int = 0) -> Any:
         """Evaluate ``tokens`` at positions ``start...`` of ``seq`` in ``n_batch`` chunks; the last row's logits."""
         for first in range(0, len(tokens), self.n_batch):

@@ -23,14 +23,11 @@ import abc
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from ...errors import ConfigError, InvalidRequestError
-from ...engine.generate import sampling_probs
 
 __all__ = ["DraftRequest", "LlamaDraftProposer", "NgramProposer", "Proposal", "Proposer"]
 
@@ -44,7 +41,8 @@ class DraftRequest:
     k: int
     temperature: float = 0.0
     top_p: float = 1.0
-    generator: torch.Generator | None = None
+    #: A ``torch.Generator`` for sampled drafts (torch is needed only then).
+    generator: Any = None
 
 
 @dataclass
@@ -52,7 +50,8 @@ class Proposal:
     """Draft tokens (possibly none) and, for sampled drafts, their distributions ``[len(tokens), vocab]``."""
 
     tokens: list[int] = field(default_factory=list)
-    probs: Tensor | None = None
+    #: A torch tensor ``[len(tokens), vocab]`` for sampled drafts; None for deterministic ones.
+    probs: Any = None
 
 
 class Proposer(abc.ABC):
@@ -186,7 +185,7 @@ class LlamaDraftProposer(Proposer):
             if short:
                 drafting += time.perf_counter() - started
         started = time.perf_counter()
-        draws: dict[int, list[Tensor]] = {i: [] for i, *_ in active}
+        draws: dict[int, list[Any]] = {i: [] for i, *_ in active}
         while active:
             fed: list[tuple[int, int, DraftRequest]] = []
             self._seqs.clear()
@@ -206,14 +205,20 @@ class LlamaDraftProposer(Proposer):
             active = [(i, slot, req, np.array(self._seqs.logits(row), dtype=np.float32)) for row, (i, slot, req) in enumerate(fed)]
         for i, rows in draws.items():
             if rows:
+                import torch
+
                 proposals[i].probs = torch.stack(rows)
         self.last_seconds = drafting + time.perf_counter() - started
         return proposals
 
 
-def _draw(logits: np.ndarray, request: DraftRequest) -> tuple[int, Tensor | None]:
+def _draw(logits: np.ndarray, request: DraftRequest) -> tuple[int, Any]:
     """The draft's next token: argmax (greedy target) or a sample with the request's settings, and its distribution."""
     if request.temperature <= 0:
         return int(logits.argmax()), None
+    import torch
+
+    from ...engine.generate import sampling_probs
+
     q = sampling_probs(torch.from_numpy(logits), request.temperature, request.top_p)
     return int(torch.multinomial(q, 1, generator=request.generator)), q

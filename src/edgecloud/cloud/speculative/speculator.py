@@ -20,20 +20,23 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
 from ...observability.server_metrics import ServerMetrics
 from .adaptive import Acceptance, SpecConfig, SpecState, StepCost
 from .proposers import DraftRequest, Proposal, Proposer
-from .verify import Verdict, verify
+
+if TYPE_CHECKING:
+    import torch
+
+    from .verify import Verdict
 
 __all__ = ["DraftSlot", "Planned", "Speculator"]
 
-#: What the scheduler tells :meth:`Speculator.draft` about one decoding sequence.
-DraftSlot = tuple[int, list[int], float, float, "torch.Generator | None", int]
+#: What the scheduler tells :meth:`Speculator.draft` about one decoding sequence:
+#: ``(key, context tokens, temperature, top_p, torch generator or None, largest k that fits)``.
+DraftSlot = tuple[int, list[int], float, float, Any, int]
 
 logger = logging.getLogger("edgecloud.speculative")
 
@@ -164,19 +167,27 @@ class Speculator:
 
     def verify(self, key: int, planned: Planned, logits: torch.Tensor, *, temperature: float, top_p: float,
                generator: torch.Generator | None, rows: int, batch: int) -> Verdict:
-        """Accept a prefix of ``planned``'s draft given the target's logits (``[k + 1, vocab]``)."""
+        """Accept a prefix of ``planned``'s draft given the target's logits (``[k + 1, vocab]``, torch)."""
+        from .verify import verify
+
         proposal = planned.proposal
         verdict = verify(logits, proposal.tokens, draft_probs=proposal.probs, temperature=temperature, top_p=top_p,
                          generator=generator)
+        self.record(key, planned, verdict.accepted, rows=rows, batch=batch)
+        return verdict
+
+    def record(self, key: int, planned: Planned, accepted: int, *, rows: int, batch: int) -> None:
+        """Book one verification of ``planned`` (``accepted`` drafts kept), however it was verified:
+        the sequence's controller, the live acceptance and the metrics."""
+        proposed = len(planned.proposal.tokens)
         step, row = self._step_figures(rows)
         state = self.states.get(key)
         if state is not None:
-            state.record(planned.proposer, len(proposal.tokens), verdict.accepted, step=step, row=row,
-                         draft_cost=self.draft_cost, batch=batch)
-        self.live[planned.proposer].observe(len(proposal.tokens), verdict.accepted)
+            state.record(planned.proposer, proposed, accepted, step=step, row=row, draft_cost=self.draft_cost,
+                         batch=batch)
+        self.live[planned.proposer].observe(proposed, accepted)
         if self.metrics is not None:
-            self.metrics.on_draft(planned.proposer, len(proposal.tokens), verdict.accepted)
-        return verdict
+            self.metrics.on_draft(planned.proposer, proposed, accepted)
 
     def observe_step(self, rows: int, seconds: float, *, prefill: bool) -> None:
         """One forward's time (steps carrying a prompt chunk are a different regime and are left out)."""

@@ -1,0 +1,67 @@
+"""llama.cpp sampler chains from :class:`~edgecloud.runtime.sampling.SamplingParams`.
+
+This module owns :func:`make_sampler`, the one translation from a request's sampling options to
+a llama.cpp sampler chain, used by the edge's :class:`~edgecloud.edge.llamacpp.LlamaCppBackend`
+(one context, one sequence) and the serving engine
+(:mod:`edgecloud.cloud.llamacpp_engine`, one chain per sequence of a batch). Plain greedy
+decoding gets no chain at all: an ``argmax`` over the logits is cheaper than a sampler call.
+
+The chain's order is llama.cpp's: penalties, logit bias, grammar, then temperature / top-p and
+the seeded distribution (or greedy). ``llama_sampler_sample(chain, ctx, i)`` samples from batch
+row ``i``'s logits and accepts the token into every stage (penalty history, grammar state).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..errors import InvalidRequestError
+from .sampling import PENALTY_LAST_N, SamplingParams
+
+__all__ = ["make_sampler", "needs_sampler"]
+
+
+def needs_sampler(params: SamplingParams) -> bool:
+    """Whether ``params`` need a sampler chain (anything but plain greedy)."""
+    return not (params.greedy and not params.penalised and not params.logit_bias and params.grammar is None)
+
+
+def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> Any:
+    """A llama.cpp sampler chain for ``params`` (a ``LlamaSampler``; ``close()`` it), or None for
+    plain greedy. Raises :class:`~edgecloud.errors.InvalidRequestError` for a ``logit_bias`` token
+    outside the vocabulary and a grammar llama.cpp cannot compile (``response_format``)."""
+    if not needs_sampler(params):
+        return None
+    from llama_cpp._internals import LlamaSampler
+
+    bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(f"logit_bias names token {bad}, outside this model's vocabulary "
+                                  f"(0..{n_vocab - 1})", param="logit_bias")
+    sampler = LlamaSampler()
+    presence, frequency = params.presence_penalty, params.frequency_penalty
+    if presence or frequency:
+        sampler.add_penalties(n_vocab, PENALTY_LAST_N, 1.0, frequency, presence)
+    if params.logit_bias:
+        sampler.add_logit_bias(n_vocab, dict(params.logit_bias))
+    if params.grammar is not None:
+        grammar = lib.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
+        if not grammar:
+            sampler.close()
+            raise InvalidRequestError("invalid 'response_format': llama.cpp could not compile the grammar for "
+                                      "this schema; simplify it", param="response_format")
+        lib.llama_sampler_chain_add(sampler.sampler, grammar)
+    if params.temperature == 0.0:
+        sampler.add_greedy()
+        return sampler
+    sampler.add_temp(params.temperature)
+    if params.top_p < 1.0:
+        sampler.add_top_p(params.top_p, 1)
+    if params.seed is None:
+        seed = lib.LLAMA_DEFAULT_SEED  # llama.cpp draws a random seed
+    else:
+        seed = params.seed & 0xFFFFFFFF
+        if seed == lib.LLAMA_DEFAULT_SEED:
+            seed -= 1  # that value means "random" to llama.cpp
+    sampler.add_dist(seed)
+    return sampler
