@@ -221,3 +221,22 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(small: LlamaCpp
     again = small.complete(ask("Name a planet.", max_tokens=8))
     assert again.usage.completion_tokens == 8 or again.choices[0].finish_reason == "stop"
     assert small.health() is None
+
+
+def test_scoring_longer_than_a_batch_is_split(smollm2_path: Path, edge: LlamaCppBackend) -> None:
+    tokens = edge.tokenize_text("A long sentence about caches, buffers and queues. " * 10)
+    assert len(tokens) > 90
+    engine = LlamaCppEngineBackend(smollm2_path, n_ctx=512, max_batch=2, n_batch=32)
+    try:
+        ours, nxt = engine.score(tokens, start=50, top_n=1)
+        prompt, _ = engine.score(tokens[:40], start=39, top_n=1)  # a shorter context first: a slot to reuse
+        again, _ = engine.score(tokens, start=50, top_n=1)
+    finally:
+        engine.close()
+    theirs, their_next = edge.score(tokens, start=50, top_n=1)  # one batch: only the rounding differs
+    assert len(ours) == len(again) == len(tokens) - 50 and len(prompt) == 1
+    for run in (ours, again):
+        diffs = [abs(a.logprob - b.logprob) for a, b in zip(run, theirs)]
+        assert sum(diffs) / len(diffs) < 0.03 and max(diffs) < 0.3
+        assert sum(a.argmax == b.argmax for a, b in zip(run, theirs)) >= 0.95 * len(run)
+    assert nxt.token == their_next.token

@@ -308,6 +308,8 @@ def test_structured_answers_are_written_by_one_side(edge: Backend, server: Serve
     with client(edge, server.url, MODEL, mode="token", gate=0.0) as c:
         answer = c.chat.completions.create(
             messages=[{"role": "user", "content": "Reply with a JSON object with one key, colour."}], max_tokens=60,
-            temperature=0, response_format={"type": "json_object"})
+            temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "c", "schema": {
+                "type": "object", "properties": {"colour": {"type": "string", "enum": ["red", "green", "blue"]}},
+                "required": ["colour"], "additionalProperties": False}}})
     assert answer.route.collab == "off" and min(answer.route.tokens.values()) == 0  # one side wrote it all
-    assert answer.choices[0].finish_reason == "stop" and isinstance(json.loads(answer.text), dict)
+    assert answer.choices[0].finish_reason == "stop" and json.loads(answer.text)["colour"] in ("red", "green", "blue")

@@ -164,16 +164,17 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         # the context up to ``start`` as a prompt (its last row predicts tokens[start]), then the
         # scored positions in batches, as the edge runtime splits them (the same batch shapes
         # give the same rounding)
+        def chunks(begin: int, end: int) -> list[tuple[int, int]]:
+            return [(p, min(end, p + ctx.n_batch)) for p in range(begin, end, ctx.n_batch)]
+
         rows: list[Any] = []
-        for first, last in [(reuse, start), *((p, min(len(tokens), p + ctx.n_batch))
-                                              for p in range(start, len(tokens), ctx.n_batch))]:
+        for first, last in [*chunks(reuse, start), *chunks(start, len(tokens))]:
             ctx.clear()
             for p in range(first, last):
-                ctx.add(tokens[p], p, slot.index, p == last - 1 or p >= start)
+                ctx.add(tokens[p], p, slot.index, p == start - 1 or p >= start)
             ctx.decode()
             slot.tokens.extend(tokens[first:last])
-            wanted = range(ctx.size - 1, ctx.size) if last == start else range(ctx.size)
-            rows += [ctx.logits(row).copy() for row in wanted]
+            rows += [ctx.logits(row).copy() for row, p in enumerate(range(first, last)) if p >= start - 1]
         # rows[i] holds the logits after position start - 1 + i: they predict tokens[start + i]
         scores = []
         for i, logits in enumerate(rows):
