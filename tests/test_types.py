@@ -116,8 +116,9 @@ def test_fields_without_meaning_here_are_accepted() -> None:
 
 
 @pytest.mark.parametrize("field, value, says", [
-    ("tools", [{"type": "function", "function": {"name": "f"}}], "tool calls"),
-    ("tool_choice", "auto", "tool calls"),
+    ("functions", [{"name": "f"}], "send the functions as 'tools'"),
+    ("tool_choice", "auto", "needs 'tools'"),
+    ("tools", [{"type": "function", "function": {"name": "f", "parameters": {"type": "array"}}}], "JSON object"),
     ("logit_bias", {"x": 5}, "token ids"),
     ("logit_bias", {"42": 500}, "-100..100"),
     ("response_format", {"type": "json_schema", "json_schema": {}}, "needs {'json_schema'"),

@@ -17,7 +17,11 @@ This module owns three things:
   one stream of chunks. When an attempt fails before any text was delivered, the next one
   simply starts; when it fails *after* some text was delivered, the next one continues from
   the prompt plus that partial answer (``continue_final_message``, an assistant prefill), so
-  the caller gets one answer with no text repeated and none lost. Every switch is appended to
+  the caller gets one answer with no text repeated and none lost. Tool calls are passed on
+  whole: a backend that streams a call in pieces (vLLM) is held until the call is complete
+  (the next call starts or the answer finishes), so a failure inside a call drops its pieces
+  and the next backend writes that call again; after a whole call was delivered, a failure is
+  raised rather than spliced (a continuation cannot carry the calls made so far). Every switch is appended to
   ``route.fallbacks`` (``from``, ``to``, ``cause``, ``error``, ``at_chars``, ``at_tokens``, and
   ``resume_s``: seconds from the failure to the next backend's first text). Every chunk carries
   a snapshot of the route as it was when the chunk was produced (a chunk the caller holds never
@@ -51,6 +55,7 @@ from .errors import (
     ModelError,
     PrivacyViolationError,
 )
+from .tools.spec import ToolCallDelta, ToolCallFunctionDelta
 from .types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, Usage
 
 __all__ = ["Attempt", "CircuitBreaker", "FailoverStream", "Part", "can_fall_back", "cause_of"]
@@ -311,6 +316,34 @@ class _Failover:
         self.started = 0.0
         self.verdict = False
         self._snapshot: RouteInfo | None = None
+        self.calls: dict[int, ToolCallDelta] = {}  # the current attempt's calls, not yet passed on
+        self.calls_delivered = 0
+
+    def _hold_calls(self, chunk: ChatCompletionChunk, finished: bool) -> None:
+        """Take the tool-call pieces off ``chunk``; put back the calls that are complete (every one
+        before the highest index seen; all of them when the answer is ``finished``), renumbered
+        after those already delivered."""
+        for choice in chunk.choices:
+            for piece in choice.delta.tool_calls or []:
+                held = self.calls.setdefault(piece.index, ToolCallDelta(
+                    index=piece.index, type="function", function=ToolCallFunctionDelta(name="", arguments="")))
+                held.id = piece.id or held.id
+                if piece.function is not None and held.function is not None:
+                    held.function.name = (held.function.name or "") + (piece.function.name or "")
+                    held.function.arguments = (held.function.arguments or "") + (piece.function.arguments or "")
+            choice.delta.tool_calls = None
+        if not self.calls or not chunk.choices:
+            return
+        last = max(self.calls)
+        ready = [i for i in sorted(self.calls) if finished or i < last]
+        if ready:
+            out = []
+            for i in ready:
+                call = self.calls.pop(i)
+                call.index = self.calls_delivered
+                self.calls_delivered += 1
+                out.append(call)
+            chunk.choices[0].delta.tool_calls = out
 
     def begin(self, attempt: Attempt) -> ChatRequest | None:
         """The request ``attempt`` should run, or None when its circuit is open."""
@@ -347,6 +380,8 @@ class _Failover:
             self.head = chunk
         else:
             chunk.id, chunk.created, chunk.model = self.head.id, self.head.created, self.head.model
+        finished = any(c.finish_reason is not None for c in chunk.choices)
+        self._hold_calls(chunk, finished)
         content = chunk.text
         if content and self.failed_at is not None:
             owner.route.fallbacks[-1]["resume_s"] = round(time.perf_counter() - self.failed_at, 4)
@@ -359,7 +394,7 @@ class _Failover:
         if chunk.usage is not None:
             part.prompt_tokens = chunk.usage.prompt_tokens
             part.completion_tokens = chunk.usage.completion_tokens
-        if any(c.finish_reason is not None for c in chunk.choices):
+        if finished:
             part.ok, part.seconds = True, time.perf_counter() - self.started
             attempt.breaker.success()
             self.verdict = True
@@ -370,6 +405,9 @@ class _Failover:
             return chunk
         if len(owner.parts) > 1 and not content and chunk.choices and chunk.choices[0].delta.role:
             return None  # a continuing backend's opening role chunk: the caller had one
+        if chunk.choices and not content and not chunk.choices[0].delta.role and not chunk.choices[0].delta.tool_calls \
+                and chunk.choices[0].logprobs is None and chunk.usage is None:
+            return None  # only pieces of a call, held until it is whole
         chunk.route = self._route()
         return chunk
 
@@ -390,7 +428,9 @@ class _Failover:
             raise exc  # after the finish, or a cancellation / interrupt: not the backend's failure
         attempt.breaker.failure()
         self.verdict = True
-        if not can_fall_back(exc, attempt.side) or (self.delivered and not self.owner.mid_stream):
+        self.calls.clear()  # pieces of an unfinished call: the next backend writes it again
+        if not can_fall_back(exc, attempt.side) or ((self.delivered or self.calls_delivered) and not self.owner.mid_stream) \
+                or self.calls_delivered:
             _raise_typed(exc, attempt.label or attempt.backend.name, attempt.side)
         self.last_error = exc
         self.pending_from = (attempt, exc)

@@ -266,6 +266,10 @@ class Hybrid(Backend):
             # a span would restart the other side's grammar mid-answer: one side writes it
             decision.reason += "; structured output is written by one side"
             return "off"
+        if request.tool_mode.mode != "none":
+            # a span could cut a call's JSON in two, each half under a different side's grammar
+            decision.reason += "; an answer that may call tools is written by one side"
+            return "off"
         if not self.edge_breaker.available() or decision.kind in ("context", "unavailable", "only_side"):
             return "off"
         if decision.pinned and decision.target == "cloud":

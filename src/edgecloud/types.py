@@ -21,6 +21,7 @@ from pydantic import (
     ConfigDict,
     Field,
     SerializerFunctionWrapHandler,
+    PrivateAttr,
     ValidationError,
     computed_field,
     field_validator,
@@ -29,6 +30,7 @@ from pydantic import (
 )
 
 from .errors import InvalidRequestError
+from .tools.spec import ToolCall, ToolCallDelta, ToolChoice, ToolSpec, check_tool_history, resolve_tool_choice
 
 __all__ = [
     "Role",
@@ -52,7 +54,7 @@ __all__ = [
 ]
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "tool_calls", "cancelled", "error"]
 _ROLES: tuple[str, ...] = ("system", "developer", "user", "assistant", "tool")
 
 
@@ -174,13 +176,36 @@ class _Validated(BaseModel):
 
 
 class ChatMessage(_Validated):
-    """One message of a conversation. ``content`` is text (OpenAI text parts are joined)."""
+    """One message of a conversation. ``content`` is text (OpenAI text parts are joined); an
+    assistant message that made tool calls carries them in ``tool_calls`` (its ``content`` may
+    then be null, read as ""), a ``tool`` message the result of one, named by ``tool_call_id``."""
 
     model_config = ConfigDict(extra="ignore")
 
     role: str = Field(json_schema_extra={"enum": list(_ROLES)})
     content: Text
     name: Text | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: Text | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_content(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("content") is None:
+            if data.get("role") == "assistant" and data.get("tool_calls"):
+                return {**data, "content": ""}  # null or left out: OpenAI allows both here
+            if "content" not in data:
+                return data  # "field required"
+            raise InvalidRequestError("invalid 'content': content may be null only in an assistant message with "
+                                      "'tool_calls'; send the text", param="content")
+        return data
+
+    @model_validator(mode="after")
+    def _calls_from_assistant(self) -> "ChatMessage":
+        if self.tool_calls is not None and self.role != "assistant":
+            raise InvalidRequestError(f"invalid 'tool_calls': only assistant messages make tool calls, this one is "
+                                      f"{self.role!r}", param="tool_calls")
+        return self
 
     @field_validator("role")
     @classmethod
@@ -227,10 +252,9 @@ MAX_LOGIT_BIAS = 300
 IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier")
 #: OpenAI request fields edgecloud does not implement (yet): refused with a 400 that says so.
 UNSUPPORTED_FIELDS: dict[str, str] = {
-    "tools": "tool calls are not supported yet; describe the tools in the prompt or leave 'tools' out",
-    "tool_choice": "tool calls are not supported yet; leave 'tool_choice' out",
-    "functions": "function calling (the legacy 'functions' field) is not supported; leave it out",
-    "function_call": "function calling (the legacy 'function_call' field) is not supported; leave it out",
+    "functions": "the legacy 'functions' field is not supported; send the functions as 'tools' "
+                 "([{'type': 'function', 'function': {...}}])",
+    "function_call": "the legacy 'function_call' field is not supported; use 'tool_choice'",
     "audio": "these models produce text only; leave 'audio' out",
     "prediction": "predicted outputs are not supported; leave 'prediction' out",
     "web_search_options": "web search is not available here; leave 'web_search_options' out",
@@ -266,6 +290,12 @@ class ChatRequest(_Validated):
     logit_bias: dict[str, float] | None = None
     #: ``text``, ``json_object`` or ``json_schema``: the answer is held to the grammar (llama.cpp runtime).
     response_format: dict[str, Any] | None = None
+    #: Function tools the model may call (see :mod:`edgecloud.tools`).
+    tools: list[ToolSpec] | None = Field(default=None, max_length=128)
+    #: ``"auto"`` (default with tools), ``"none"``, ``"required"`` or ``{"type": "function", "function": {"name": ...}}``.
+    tool_choice: Union[str, dict[str, Any], None] = None
+    #: Whether one answer may hold several calls (default true).
+    parallel_tool_calls: bool | None = None
     modalities: list[Literal["text"]] | None = None
     # accepted and ignored (IGNORED_FIELDS)
     store: bool | None = None
@@ -289,6 +319,7 @@ class ChatRequest(_Validated):
     #: How the edge and the cloud share this answer (None: the client's setting); see
     #: :mod:`edgecloud.collab`.
     collab: Literal["auto", "off", "token", "verified", "cascade"] | None = None
+    _tool_choice: ToolChoice = PrivateAttr(default_factory=lambda: ToolChoice("none"))
 
     @model_validator(mode="before")
     @classmethod
@@ -357,6 +388,33 @@ class ChatRequest(_Validated):
         return self
 
     @model_validator(mode="after")
+    def _tool_rules(self) -> "ChatRequest":
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            twice = sorted({n for n in names if names.count(n) > 1})
+            raise InvalidRequestError(f"invalid 'tools': function names must be unique; {', '.join(twice)} "
+                                      "declared more than once", param="tools")
+        self._tool_choice = resolve_tool_choice(self.tools, self.tool_choice, self.parallel_tool_calls)
+        check_tool_history(self.messages)
+        fmt = (self.response_format or {}).get("type", "text")
+        if self._tool_choice.mode != "none" and fmt != "text":
+            raise InvalidRequestError(f"invalid 'response_format': {fmt} answers and tool calls cannot be combined "
+                                      "(each holds the answer to its own grammar); send tool_choice 'none' or leave "
+                                      "response_format out", param="response_format")
+        return self
+
+    @property
+    def tool_mode(self) -> ToolChoice:
+        """What the model may do with ``tools`` (``mode`` ``none`` when it has none to call)."""
+        return self._tool_choice
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """The tools a chat template renders (None: no tools to offer, or ``tool_choice`` ``none``)."""
+        if self._tool_choice.mode == "none" or not self.tools:
+            return None
+        return [t.model_dump(exclude_none=True) for t in self.tools]
+
+    @model_validator(mode="after")
     def _continuation(self) -> "ChatRequest":
         if self.continue_final_message:
             if self.messages[-1].role != "assistant" or not self.messages[-1].content:
@@ -372,12 +430,25 @@ class ChatRequest(_Validated):
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
 
-    def message_dicts(self) -> list[dict[str, str]]:
-        """The conversation as plain ``{"role", "content"}`` dicts (for chat templates)."""
-        out = []
+    def message_dicts(self) -> list[dict[str, Any]]:
+        """The conversation as plain ``{"role", "content"}`` dicts (for chat templates); an
+        assistant's ``tool_calls`` come with their arguments as objects (what Hugging Face
+        templates render), a tool result with its ``tool_call_id`` (and ``name``)."""
+        out: list[dict[str, Any]] = []
         for m in self.messages:
             role = "system" if m.role == "developer" else m.role
-            out.append({"role": role, "content": m.content})
+            message: dict[str, Any] = {"role": role, "content": m.content}
+            if m.tool_calls:
+                message["tool_calls"] = [
+                    {"id": c.id, "type": "function",
+                     "function": {"name": c.function.name, "arguments": c.function.arguments_object()}}
+                    for c in m.tool_calls
+                ]
+            if m.tool_call_id is not None:
+                message["tool_call_id"] = m.tool_call_id
+                if m.name:
+                    message["name"] = m.name
+            out.append(message)
         return out
 
 
@@ -463,7 +534,9 @@ class ChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str = ""
+    #: The answer text; null when the answer is only tool calls (as OpenAI sends it).
+    content: str | None = ""
+    tool_calls: list[ToolCall] | None = None
 
 
 class Choice(BaseModel):
@@ -486,12 +559,13 @@ class ChatCompletion(BaseModel):
     @property
     def text(self) -> str:
         """The first choice's answer text."""
-        return self.choices[0].message.content if self.choices else ""
+        return (self.choices[0].message.content or "") if self.choices else ""
 
 
 class ChoiceDelta(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChunkChoice(BaseModel):
@@ -526,6 +600,7 @@ def new_completion_id() -> str:
 def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
     """Fold a chunk stream into one ChatCompletion (the non-streaming answer)."""
     text: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
     logprobs: list[TokenLogprob] = []
     saw_logprobs = False
     finish: FinishReason | None = None
@@ -542,6 +617,12 @@ def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
         for choice in chunk.choices:
             if choice.delta.content:
                 text.append(choice.delta.content)
+            for delta in choice.delta.tool_calls or []:
+                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
+                call["id"] = delta.id or call["id"]
+                if delta.function is not None:
+                    call["name"] += delta.function.name or ""
+                    call["arguments"] += delta.function.arguments or ""
             if choice.logprobs is not None:
                 saw_logprobs = True
                 logprobs.extend(choice.logprobs.content)
@@ -555,7 +636,11 @@ def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
         model=first.model,
         choices=[
             Choice(
-                message=AssistantMessage(content="".join(text)),
+                message=AssistantMessage(
+                    content="".join(text) or (None if calls else ""),
+                    tool_calls=[ToolCall(id=c["id"], function={"name": c["name"], "arguments": c["arguments"]})
+                                for _, c in sorted(calls.items())] or None,
+                ),
                 finish_reason=finish,
                 logprobs=ChoiceLogprobs(content=logprobs) if saw_logprobs else None,
             )

@@ -96,3 +96,33 @@ def test_unknown_collab_mode_is_exit_2(smollm2_path: Path) -> None:
     result = subprocess.run([*EDGECLOUD, "chat", "--prompt", "hi", "--model", str(smollm2_path), "--collab", "maybe"],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 2 and "collab" in result.stderr and "Traceback" not in result.stderr
+
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_tools_run_on_this_machine_and_their_results_go_back(qwen05_path: Path) -> None:
+    result = subprocess.run(
+        [*EDGECLOUD, "chat", "--model", str(qwen05_path), "--tools", str(ROOT / "examples/tools/tools.json"),
+         "-t", "0", "--max-tokens", "60", "--prompt", "Use the calculator: what is 17 * 23 + 4?"],
+        capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-2000:]
+    calls = [line for line in result.stderr.splitlines() if line.startswith("→ calculate(")]
+    assert calls, result.stderr[-2000:]
+    # the example's calculator really ran: each result is its expression's value
+    for line in calls:
+        import json
+
+        args, value = line.removeprefix("→ calculate(").rsplit(") = ", 1)
+        if value.startswith("error:"):
+            continue  # the model wrote something that is not arithmetic; the tool said so
+        expression = json.loads(args)["expression"]
+        assert float(value) == eval(expression, {"__builtins__": {}})  # noqa: S307 - the model's arithmetic, checked
+
+
+def test_a_bad_tools_file_is_exit_2(tmp_path: Path, smollm2_path: Path) -> None:
+    bad = tmp_path / "tools.json"
+    bad.write_text('[{"type": "function", "function": {"name": "f"}}]')
+    result = subprocess.run([*EDGECLOUD, "chat", "--prompt", "hi", "--model", str(smollm2_path), "--tools", str(bad)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "'run'" in result.stderr and "Traceback" not in result.stderr

@@ -254,7 +254,7 @@ def test_sse_framing_and_usage_merge(scripted: ScriptedServer) -> None:
             "data:" + event("Hel")[6:],  # no space after the colon
             split,
             "\n",
-            event(finish="tool_calls", text=""),
+            event(finish="content_filter", text=""),  # a reason we do not have: read as stop
             USAGE,
             DONE,
             event("after done"),

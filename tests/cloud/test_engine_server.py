@@ -126,6 +126,9 @@ def test_metrics_use_vllm_names(server: str) -> None:
         ({"messages": HELLO, "model": "gpt-9"}, 404, "model", "does not exist"),
         ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages", "context window"),
         ({"messages": HELLO, "max_tokens": 100000}, 400, "messages", "max_tokens"),
+        # the torch engine does not constrain decoding: a forced call is refused, never faked
+        ({"messages": HELLO, "tool_choice": "required", "tools": [
+            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, 400, "tool_choice", "llama.cpp"),
     ],
 )
 def test_bad_input_gets_openai_errors(server: str, body: object, status: int, param: str | None, words: str) -> None:
@@ -182,3 +185,17 @@ def test_full_queue_429_and_disconnects_free_the_batch(server: str) -> None:
                 response.close()  # the client disconnects mid-stream
     _wait_idle(server)
     assert _metric(server, "num_requests_running") == 0
+
+
+def test_tools_under_auto_are_offered_and_parsed(server: str) -> None:
+    tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather now in a city",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY) as client:
+        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                               tools=[tool], max_tokens=48, temperature=0)
+    choice = reply.choices[0]
+    # the model (Qwen2.5's template renders the tools) calls it; unconstrained, the call is parsed
+    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
+    assert "<tool_call>" not in (choice.message.content or "")
+

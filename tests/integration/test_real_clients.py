@@ -49,5 +49,5 @@ def test_openai_sdk_with_the_fields_recent_clients_add(server: ServeProcess) -> 
     assert reply.choices[0].message.content and reply.usage.completion_tokens <= 8
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}],
-                                       tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}])
-    assert info.value.body["param"] == "tools" and "tool calls" in info.value.body["message"]
+                                       functions=[{"name": "f", "parameters": {}}])
+    assert info.value.body["param"] == "functions" and "tools" in info.value.body["message"]

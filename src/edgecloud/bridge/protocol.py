@@ -9,7 +9,8 @@ Methods (request ``params`` → ``result``):
 - ``initialize`` :class:`InitializeParams` → :class:`InitializeResult` (versions,
   capabilities, the client's configuration). Optional: other methods work without it.
 - ``chat.create`` :class:`ChatCreateParams` (the ChatRequest fields; ``stream`` defaults to
-  true here) → :class:`ChatResult`. While it runs, ``chat.delta`` notifications carry the
+  true here, ``tools`` / ``tool_choice`` and tool results included) → :class:`ChatResult`
+  (with ``tool_calls`` when the model called tools). While it runs, ``chat.delta`` notifications carry the
   request's id and each text delta, in order (``index`` 0, 1, ...).
 - ``chat.cancel`` :class:`CancelParams` ``{id}`` → :class:`CancelResult`. The cancelled
   ``chat.create`` stops generating and answers with error ``-32800`` (request cancelled,
@@ -42,6 +43,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_
 from pydantic.json_schema import models_json_schema
 
 from ..edge.memory import MemoryPlan
+from ..tools.spec import ToolCall
 from ..types import ChatRequest, CostInfo, FinishReason, RouteInfo, Usage, _Validated
 
 __all__ = [
@@ -76,7 +78,7 @@ __all__ = [
 ]
 
 #: Bumped on any change a host must know about (major: incompatible, minor: additions).
-PROTOCOL_VERSION = "1.0"
+PROTOCOL_VERSION = "1.1"
 
 RequestId = Union[StrictInt, StrictStr]
 
@@ -184,6 +186,8 @@ class ChatResult(BaseModel):
     completion_id: str
     model: str
     text: str
+    #: The calls the model made (``finish_reason`` ``tool_calls``); None when it made none.
+    tool_calls: Optional[list[ToolCall]] = None
     finish_reason: Optional[FinishReason]
     usage: Usage
     route: Optional[RouteInfo] = None

@@ -339,7 +339,7 @@ class Bridge:
             raise _Cancelled("".join(deltas))
         answer = collect_chunks(chunks)
         return ChatResult(completion_id=answer.id, model=answer.model, text=answer.text,
-                          finish_reason=answer.choices[0].finish_reason, usage=answer.usage, route=answer.route,
+                          tool_calls=answer.choices[0].message.tool_calls, finish_reason=answer.choices[0].finish_reason, usage=answer.usage, route=answer.route,
                           cost=answer.cost)
 
     def _cancel(self, call: _Call, *, quiet: bool = False) -> CancelResult:

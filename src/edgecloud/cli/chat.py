@@ -10,6 +10,9 @@ in magenta, the footer says how many tokens each side wrote, and ``/stats`` the 
 share of answer tokens the cloud wrote.
 ``--backend`` picks the edge runtime: llama.cpp (default), torch (the engine on cuda/mps/cpu) or
 onnx (an ``edgecloud export onnx`` folder, given as ``--model DIR``, run by onnxruntime-genai).
+``--tools FILE.json`` offers the model tools that run on this machine
+(:mod:`edgecloud.cli.chat_tools`): each call runs, its result goes back to the model, and the
+calls are shown on stderr as they happen.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import typer
@@ -27,7 +31,9 @@ from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
 from ..config import EDGE_RUNTIMES
 from ..errors import EdgeCloudError
 from ..store import resolve_model
+from ..tools.spec import CalledFunction, ToolCall
 from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
+from .chat_tools import MAX_ROUNDS, LocalTool, load_tools, run_call
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
@@ -52,6 +58,8 @@ class TurnStats:
     finish_reason: str | None = None
     route: RouteInfo | None = None
     cost_usd: float | None = None
+    #: The tool calls the answer made.
+    calls: list[ToolCall] = field(default_factory=list)
 
     @property
     def decode_tokens_per_s(self) -> float | None:
@@ -124,6 +132,32 @@ def _take(
     for choice in chunk.choices:
         if choice.finish_reason is not None:
             stats.finish_reason = choice.finish_reason
+        for call in choice.delta.tool_calls or []:  # edgecloud streams each call whole
+            if call.id and call.function is not None and call.function.name:
+                stats.calls.append(ToolCall(id=call.id, function=CalledFunction(
+                    name=call.function.name, arguments=call.function.arguments or "{}")))
+
+
+def answer_turn(
+    client: EdgeCloud, messages: list[ChatMessage], params: dict[str, Any], write: Callable[[str, str], object],
+    tools: dict[str, LocalTool], note: Callable[[str], object],
+) -> tuple[str, TurnStats]:
+    """One answer; with ``tools``, every call the model makes runs (``note`` tells the user) and
+    the model answers again with the results, up to :data:`MAX_ROUNDS` times. ``messages``
+    gains the calls and results."""
+    text, stats = stream_answer(client, messages, params, write)
+    rounds = 1
+    while tools and stats.calls and stats.finish_reason == "tool_calls":
+        messages.append(ChatMessage(role="assistant", content=text, tool_calls=stats.calls))
+        for call in stats.calls:
+            result = run_call(tools, call)
+            note(f"→ {call.function.name}({call.function.arguments}) = {result}")
+            messages.append(ChatMessage(role="tool", tool_call_id=call.id, content=result))
+        rounds += 1
+        # the last round must answer in words: no more calls
+        last = {"tool_choice": "none"} if rounds >= MAX_ROUNDS else {}
+        text, stats = stream_answer(client, messages, {**params, **last}, write)
+    return text, stats
 
 
 def chat_command(
@@ -150,6 +184,10 @@ def chat_command(
     cloud_key: str | None = typer.Option(
         None, "--cloud-key", envvar="EDGECLOUD_CLOUD_API_KEY", help="API key for the endpoint.", show_default=False
     ),
+    tools_file: Path | None = typer.Option(
+        None, "--tools", help="JSON list of tools the model may call, each with the 'run' command that computes it "
+                              "(see examples/tools/tools.json).",
+    ),
 ) -> None:
     """Chat: on this machine, or routed per question between it and a cloud endpoint."""
     err = Console(stderr=True)
@@ -159,6 +197,7 @@ def chat_command(
         raise typer.BadParameter(f"{backend!r} is not an edge backend; use {', '.join(EDGE_RUNTIMES)}",
                                  param_hint="--backend")
     try:
+        tools = load_tools(tools_file) if tools_file is not None else {}
         client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
                            cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend, collab=collab)
         if backend in _FOLDER_MODELS:
@@ -183,12 +222,13 @@ def chat_command(
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     history: list[ChatMessage] = [ChatMessage(role="system", content=system)] if system else []
-    params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "route": route}
+    params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "route": route,
+              "tools": [t.spec for t in tools.values()] or None}
     with client:  # the client built the edge runtime, so it closes it
         if prompt is not None:
-            _one_shot(client, history, prompt, params, err)
+            _one_shot(client, history, prompt, params, tools, err)
         else:
-            _repl(client, history, model, params, err)
+            _repl(client, history, model, params, tools, err)
 
 
 def _totals(client: EdgeCloud) -> str:
@@ -200,11 +240,15 @@ def _totals(client: EdgeCloud) -> str:
             f"vs all-cloud ({t['saved_pct']:.0f}%)")
 
 
-def _one_shot(client: EdgeCloud, history: list[ChatMessage], prompt: str, params: dict[str, Any], err: Console) -> None:
+def _one_shot(
+    client: EdgeCloud, history: list[ChatMessage], prompt: str, params: dict[str, Any], tools: dict[str, LocalTool],
+    err: Console,
+) -> None:
     try:
         messages = [*history, ChatMessage(role="user", content=prompt)]
         write = lambda t, side: (sys.stdout.write(t), sys.stdout.flush())  # noqa: E731 - stdout: the answer only
-        _, stats = stream_answer(client, messages, params, write)
+        _, stats = answer_turn(client, messages, params, write, tools,
+                               lambda line: err.print(line, style="dim", soft_wrap=True, markup=False))
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
@@ -213,7 +257,10 @@ def _one_shot(client: EdgeCloud, history: list[ChatMessage], prompt: str, params
     err.print(f"[dim]{stats.line()}[/dim]", soft_wrap=True)
 
 
-def _repl(client: EdgeCloud, history: list[ChatMessage], model: str, params: dict[str, Any], err: Console) -> None:
+def _repl(
+    client: EdgeCloud, history: list[ChatMessage], model: str, params: dict[str, Any], tools: dict[str, LocalTool],
+    err: Console,
+) -> None:
     out = Console(highlight=False)
     where = "on this device" if not client.settings.cloud_base_url else f"routed: {model} ⇄ {client.settings.cloud_model}"
     out.print(f"[bold]edgecloud chat[/bold] · {model} · {where}\n[dim]{_HELP}[/dim]")
@@ -242,17 +289,18 @@ def _repl(client: EdgeCloud, history: list[ChatMessage], model: str, params: dic
         if text in ("/help", "/?"):
             out.print(f"[dim]{_HELP}[/dim]")
             continue
-        history.append(ChatMessage(role="user", content=text))
+        turn = [*history, ChatMessage(role="user", content=text)]
         out.print("[bold cyan]ai›[/bold cyan] ", end="")
         try:
-            answer, last = stream_answer(
-                client, history, params,
+            answer, last = answer_turn(
+                client, turn, params,
                 lambda t, side: out.print(t, end="", markup=False, style=CLOUD_STYLE if side == "cloud" else None),
+                tools, lambda line: out.print(f"\n{line}", style="dim", markup=False),
             )
         except EdgeCloudError as exc:
-            history.pop()
             out.print(f"\n[red]error:[/red] {exc}")
             continue
+        history[:] = turn
         out.print()
         if last.finish_reason == "cancelled":
             out.print("[dim](stopped)[/dim]")

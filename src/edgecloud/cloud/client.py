@@ -60,7 +60,7 @@ import re
 import time
 from collections.abc import AsyncIterator, Iterator
 from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
 from urllib.parse import urlsplit
 
 import httpx
@@ -91,6 +91,7 @@ from ..types import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
+    FinishReason,
     RouteInfo,
     Usage,
     collect_chunks,
@@ -103,7 +104,7 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend", "RetryPolicy"]
 
-_FINISH_REASONS = frozenset({"stop", "length", "cancelled", "error"})
+_FINISH_REASONS = frozenset(get_args(FinishReason))
 # Set on the request by the sender, never copied from the caller's request.
 _NOT_FORWARDED = {"route", "privacy", "collab", "model", "stream", "stream_options", "max_completion_tokens",
                   "store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier"}

@@ -182,7 +182,7 @@ class TorchEngineBackend(BatchedEngineBackend):
             for option in ("logprobs", "presence_penalty", "frequency_penalty"):
                 if getattr(request, option):
                     raise InvalidRequestError(f"{option} is not supported by the torch engine yet", param=option)
-            prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            prompt = tokenizer.encode_request(request)
         else:
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
             prompt = tokenizer.encode(request.text, add_bos=True)

@@ -163,7 +163,7 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
         scheduler = self.scheduler
         tokenizer, context = self._tokenizer, self._context
         if isinstance(request, ChatRequest):
-            prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            prompt = tokenizer.encode_request(request)
         elif request.token_ids is not None:
             prompt = list(request.token_ids)
             check_token_ids(prompt, tokenizer.vocab_size, self.n_ctx - 1)

@@ -202,7 +202,7 @@ class CoreMLBackend(SerialBackend):
                 raise InvalidRequestError(f"{field} is not supported by the Core ML backend", param=field)
         with self._serving():
             model, tokenizer = self._ensure_loaded()
-            prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            prompt = tokenizer.encode_request(request)
             max_new = answer_budget(
                 len(prompt), self.n_ctx, request.max_tokens,
                 " (the package's --context, with 1 token of room for the answer)",

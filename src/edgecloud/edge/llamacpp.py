@@ -315,9 +315,11 @@ class LlamaCppBackend(SerialBackend):
     def _tokenize(self, text: str) -> list[int]:
         return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
-    def _encode_chat(self, messages: list[dict[str, str]], *, continue_final: bool = False) -> list[int]:
+    def _encode_chat(
+        self, messages: list[dict[str, Any]], *, continue_final: bool = False, tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         assert self._template is not None
-        return self._tokenize(self._template.prompt(messages, continue_final=continue_final))
+        return self._tokenize(self._template.prompt(messages, continue_final=continue_final, tools=tools))
 
     def _piece(self, token: int) -> bytes:
         piece = self._pieces.get(token)
@@ -545,7 +547,7 @@ class LlamaCppBackend(SerialBackend):
             llm = self._ensure_loaded()
             self._started += 1
             messages = request.message_dicts()
-            prompt = self._encode_chat(messages, continue_final=request.continue_final_message)
+            prompt = self._encode_chat(messages, continue_final=request.continue_final_message, tools=request.tool_dicts())
             max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
             sampler = self._make_sampler(sampling_params(request, max_new, logit_bias=True, grammar=True))
             try:

@@ -223,9 +223,11 @@ class OnnxBackend(SerialBackend):
 
     # ------------------------------------------------------------------ tokens and KV
 
-    def _encode_chat(self, messages: list[dict[str, str]], *, continue_final: bool = False) -> list[int]:
+    def _encode_chat(
+        self, messages: list[dict[str, Any]], *, continue_final: bool = False, tools: list[dict[str, Any]] | None = None,
+    ) -> list[int]:
         assert self._template is not None and self._vocab is not None
-        return self._vocab.encode(self._template.prompt(messages, continue_final=continue_final))
+        return self._vocab.encode(self._template.prompt(messages, continue_final=continue_final, tools=tools))
 
     def _prefill(self, prompt: list[int]) -> int:
         """Make the generator hold ``prompt`` with logits for its last token; return the reused count."""
@@ -270,7 +272,8 @@ class OnnxBackend(SerialBackend):
     def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
         with self._serving():
             self._ensure_loaded()
-            prompt = self._encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            prompt = self._encode_chat(request.message_dicts(), continue_final=request.continue_final_message,
+                                       tools=request.tool_dicts())
             max_new = answer_budget(len(prompt), self.n_ctx, request.max_tokens)
             try:
                 yield from self._decode(request, prompt, max_new)

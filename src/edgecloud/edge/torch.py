@@ -275,7 +275,7 @@ class TorchBackend(SerialBackend):
                 raise InvalidRequestError(f"{option} is not supported by the torch edge backend yet", param=option)
         with self._serving():
             model, tokenizer = self._ensure_loaded()
-            prompt = tokenizer.encode_chat(request.message_dicts(), continue_final=request.continue_final_message)
+            prompt = tokenizer.encode_request(request)
             params = sampling_params(request, answer_budget(len(prompt), self.n_ctx, request.max_tokens))
             cached = self._reuse_prefix(prompt)
             before = self.fallbacks

@@ -104,7 +104,15 @@ def messages_of(request: Any) -> list[dict[str, str]]:
     if isinstance(request, str):
         return [{"role": "user", "content": request}]
     if hasattr(request, "message_dicts"):
-        return list(request.message_dicts())
+        # tools, calls and results as the text a model reads: the schemas are part of the
+        # prompt's size and of what the answer must get right
+        from ..tools.prompt import plain_tool_messages
+
+        messages = request.message_dicts()
+        tools = request.tool_dicts()
+        if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            return plain_tool_messages(messages, tools)
+        return list(messages)
     if isinstance(request, dict):
         if "messages" in request:
             return [{"role": str(m.get("role", "user")), "content": str(m.get("content") or "")}

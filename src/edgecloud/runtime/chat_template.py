@@ -28,6 +28,7 @@ import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import InvalidRequestError
+from ..tools.prompt import plain_tool_messages, template_renders_tools
 
 __all__ = ["ChatTemplate", "CHATML_TEMPLATE", "common_prefix_len"]
 
@@ -96,6 +97,9 @@ class ChatTemplate:
             extensions=[_IgnoreGenerationTags, jinja2.ext.loopcontrols],
         )
         env.filters["tojson"] = _tojson
+        #: Whether the template renders ``tools`` and tool messages itself (else they are rewritten
+        #: into plain turns: :func:`~edgecloud.tools.prompt.plain_tool_messages`).
+        self.renders_tools = template_renders_tools(self.source)
         try:
             self._template = env.from_string(self.source)
         except jinja2.TemplateError as exc:
@@ -106,8 +110,15 @@ class ChatTemplate:
         """The template named ``tokenizer.chat_template`` in GGUF metadata (ChatML if absent)."""
         return cls(metadata.get("tokenizer.chat_template"), bos_token=bos_token, eos_token=eos_token)
 
-    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> str:
-        """The prompt text for ``messages`` (``{"role", "content"}`` dicts)."""
+    def render(
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool = True,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
+        """The prompt text for ``messages`` (``{"role", "content"}`` dicts, with ``tool_calls`` /
+        ``tool_call_id`` where a conversation has them) offering ``tools`` (OpenAI's shape)."""
+        has_tool_turns = any(m.get("tool_calls") or m["role"] == "tool" for m in messages)
+        if (tools or has_tool_turns) and not self.renders_tools:
+            messages, tools = plain_tool_messages(messages, tools), None
         try:
             return self._template.render(
                 messages=list(messages),
@@ -117,7 +128,7 @@ class ChatTemplate:
                 add_generation_prompt=add_generation_prompt,
                 functions=None,
                 function_call=None,
-                tools=None,
+                tools=list(tools) if tools else None,
                 tool_choice=None,
                 strftime_now=_strftime_now,
             )
@@ -128,20 +139,23 @@ class ChatTemplate:
                 f"the model's chat template failed on this conversation: {exc}", param="messages"
             ) from exc
 
-    def prompt(self, messages: Sequence[dict[str, str]], *, continue_final: bool = False) -> str:
+    def prompt(
+        self, messages: Sequence[dict[str, Any]], *, continue_final: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> str:
         """The text a model is given: a new assistant turn opened, or, with ``continue_final``,
         the last (assistant) message left open so generation continues it (vLLM's
         ``continue_final_message``): the conversation is rendered as it is and cut right
         after that message's text, dropping the end-of-turn the template adds.
         """
         if not continue_final:
-            return self.render(messages, add_generation_prompt=True)
+            return self.render(messages, add_generation_prompt=True, tools=tools)
         partial = messages[-1]["content"] if messages else ""
         if not messages or messages[-1]["role"] != "assistant" or not partial:
             raise InvalidRequestError(
                 "continue_final_message needs a non-empty assistant message last", param="messages"
             )
-        text = self.render(messages, add_generation_prompt=False)
+        text = self.render(messages, add_generation_prompt=False, tools=tools)
         end = text.rfind(partial)
         if end < 0:  # the template rewrote the message (e.g. stripped it): match it stripped
             partial = partial.strip()

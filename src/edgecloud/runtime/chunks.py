@@ -4,7 +4,9 @@ This module owns :class:`AnswerChunks`, the part of a decode loop that does not 
 runtime: the role chunk, end-of-generation ids (unless ``ignore_eos``), text deltas through
 :class:`~edgecloud.runtime.text_stream.TextStream` (whole UTF-8 characters, stop strings held
 back and never emitted), logprobs per token when asked (:func:`token_logprob`, a log-softmax of
-the runtime's logits), and the finish chunk with the reason, usage and route. Every runtime
+the runtime's logits), tool calls read from the text when the request offers tools
+(:class:`~edgecloud.tools.parse.ToolCallParser`: each call whole in one ``tool_calls`` delta,
+``finish_reason: "tool_calls"``), and the finish chunk with the reason, usage and route. Every runtime
 that decodes token by token hands each new token here: llama.cpp, ONNX Runtime, Core ML, the
 torch edge backend and the cloud's torch engine (whose ``/v1/completions`` reshapes the same
 chunks as ``text_completion`` objects).
@@ -33,6 +35,8 @@ from ..types import (
     now,
 )
 from ..errors import ContextOverflowError
+from ..tools.parse import ToolCallParser
+from ..tools.spec import ToolCallDelta
 from .text_stream import TextStream
 
 __all__ = ["AnswerChunks", "answer_budget", "log_partition", "token_logprob", "top_tokens"]
@@ -110,6 +114,9 @@ class AnswerChunks:
         self._want_logprobs = bool(request.logprobs)
         self._top_n = (getattr(request, "top_logprobs", None) or 0) if request.logprobs else 0
         self._text = TextStream(request.stop_sequences)
+        mode = getattr(request, "tool_mode", None)
+        self._tools = (ToolCallParser(t.function.name for t in request.tools)
+                       if mode is not None and mode.mode != "none" else None)
         self._pending: list[TokenLogprob] = []
         self._parts: list[str] = []
         #: Tokens of the answer so far (end-of-generation tokens are not counted).
@@ -165,10 +172,25 @@ class AnswerChunks:
         delta = self._text.push(self._piece(token))
         if self._text.stopped:
             self.finish_reason, self.done = "stop", True
-        if not delta:
-            return []
-        self._parts.append(delta)
-        return [self._chunk(ChoiceDelta(content=delta))]
+        return self._emit(delta, final=False)
+
+    def _emit(self, delta: str, *, final: bool) -> list[ChatCompletionChunk]:
+        """Chunks for new answer text: the text, and the tool calls it completes."""
+        calls: list[Any] = []
+        if self._tools is not None:
+            delta, calls = self._tools.push(delta)
+            if final:
+                tail, more = self._tools.flush()
+                delta, calls = delta + tail, calls + more
+        out = []
+        if delta:
+            self._parts.append(delta)
+            out.append(self._chunk(ChoiceDelta(content=delta)))
+        if calls:
+            first = len(self._tools.calls) - len(calls) if self._tools is not None else 0
+            out.append(self._chunk(ChoiceDelta(tool_calls=[ToolCallDelta.whole(first + i, c)
+                                                           for i, c in enumerate(calls)])))
+        return out
 
     def finish(
         self, prompt_tokens: int, cached_tokens: int, *, reason: FinishReason | None = None,
@@ -179,12 +201,11 @@ class AnswerChunks:
         ``reason`` is how the runtime ended the sequence when it stopped it itself (a scheduler
         that saw the end-of-generation token); an end seen here (:attr:`done`) takes precedence.
         """
-        tail = self._text.flush()
-        if tail:
-            self._parts.append(tail)
-            yield self._chunk(ChoiceDelta(content=tail))
+        yield from self._emit(self._text.flush(), final=True)
         if reason is not None and not self.done:
             self.finish_reason = reason
+        if self._tools is not None and self._tools.calls and self.finish_reason == "stop":
+            self.finish_reason = "tool_calls"
         usage = Usage(
             prompt_tokens=prompt_tokens,
             completion_tokens=self.generated,

@@ -45,11 +45,11 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
     if params.logit_bias:
         sampler.add_logit_bias(n_vocab, dict(params.logit_bias))
     if params.grammar is not None:
-        grammar = lib.llama_sampler_init_grammar(vocab, params.grammar.encode("utf-8"), b"root")
+        grammar = _grammar(lib, vocab, params)
         if not grammar:
             sampler.close()
-            raise InvalidRequestError("invalid 'response_format': llama.cpp could not compile the grammar for "
-                                      "this schema; simplify it", param="response_format")
+            raise InvalidRequestError(f"invalid '{params.grammar_param}': llama.cpp could not compile the grammar "
+                                      "for this schema; simplify it", param=params.grammar_param)
         lib.llama_sampler_chain_add(sampler.sampler, grammar)
     if params.temperature == 0.0:
         sampler.add_greedy()
@@ -65,3 +65,15 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
             seed -= 1  # that value means "random" to llama.cpp
     sampler.add_dist(seed)
     return sampler
+
+
+def _grammar(lib: Any, vocab: Any, params: SamplingParams) -> Any:
+    """The grammar stage: on from the first token, or lazy (``grammar_triggers``): switched on
+    when the output so far matches a trigger, and held from its group 1 on."""
+    import ctypes
+
+    text = params.grammar.encode("utf-8") if params.grammar else b""
+    if not params.grammar_triggers:
+        return lib.llama_sampler_init_grammar(vocab, text, b"root")
+    patterns = (ctypes.c_char_p * len(params.grammar_triggers))(*(t.encode("utf-8") for t in params.grammar_triggers))
+    return lib.llama_sampler_init_grammar_lazy_patterns(vocab, text, b"root", patterns, len(patterns), None, 0)

@@ -43,8 +43,14 @@ class SamplingParams:
     stop_at_eog: bool = True
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
-    #: A GBNF grammar every answer must match (``response_format`` json_object / json_schema).
+    #: A GBNF grammar every answer must match (``response_format`` json_object / json_schema, tool calls).
     grammar: str | None = None
+    #: Regular expressions that switch :attr:`grammar` on when the output so far matches one
+    #: (group 1: where the constrained text starts); empty: on from the first token. Tool calls
+    #: under ``tool_choice: "auto"``.
+    grammar_triggers: tuple[str, ...] = ()
+    #: The request field a grammar that does not compile is blamed on.
+    grammar_param: str = "response_format"
     #: (token id, bias) pairs added to the logits before sampling (OpenAI's ``logit_bias``).
     logit_bias: tuple[tuple[int, float], ...] = ()
     #: The request's speculation limits: a proposer name or "off" (None: the server's choice), and a cap on k.
@@ -82,14 +88,24 @@ def sampling_params(
     if wants_grammar and not grammar:
         raise InvalidRequestError("structured output (response_format json_object / json_schema) is not supported by "
                                   "this runtime; the llama.cpp runtime constrains it", param="response_format")
+    tool_mode = getattr(request, "tool_mode", None)
+    tools = tool_mode is not None and tool_mode.mode != "none"
+    if tools and tool_mode.mode == "required" and not grammar:
+        raise InvalidRequestError("tool_choice 'required' or a named function needs decoding held to the call's "
+                                  "schema, which this runtime does not do; use the llama.cpp runtime (edge) or "
+                                  "engine (edgecloud serve), or send tool_choice 'auto'", param="tool_choice")
     bias = getattr(request, "logit_bias", None) or {}
     if bias and not logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "
                                   "(leave it out here)", param="logit_bias")
+    from ..tools.grammar import tool_grammar
     from .structured import response_grammar
 
+    calls = tool_grammar(request) if tools and grammar else None
     return SamplingParams(
-        grammar=response_grammar(fmt) if wants_grammar else None,
+        grammar=calls.grammar if calls else response_grammar(fmt) if wants_grammar else None,
+        grammar_triggers=calls.triggers if calls else (),
+        grammar_param="tools" if calls else "response_format",
         logit_bias=tuple((int(token), float(value)) for token, value in bias.items()),
         max_new_tokens=max_new_tokens,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,

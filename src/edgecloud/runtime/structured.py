@@ -18,23 +18,30 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 
-__all__ = ["response_grammar"]
+__all__ = ["response_grammar", "schema_grammar"]
 
 
 def response_grammar(response_format: dict[str, Any] | None) -> str | None:
     """The GBNF grammar ``response_format`` asks for (None: free text)."""
     if not response_format or response_format.get("type") == "text":
         return None
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+    from llama_cpp.llama_grammar import JSON_GBNF
 
     if response_format["type"] == "json_object":
         return str(JSON_GBNF)
-    schema = response_format["json_schema"]["schema"]
+    return schema_grammar(response_format["json_schema"]["schema"], param="response_format")
+
+
+def schema_grammar(schema: dict[str, Any], *, param: str) -> str:
+    """The GBNF grammar (rule ``root``) of JSON text matching ``schema``; a schema the converter
+    cannot handle is an InvalidRequestError naming ``param``."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
     try:
         grammar = str(json_schema_to_gbnf(json.dumps(schema)))
     except Exception as exc:  # noqa: BLE001 - the converter raises bare exceptions for what it cannot handle
-        raise InvalidRequestError(f"invalid 'response_format': the JSON schema cannot be turned into a grammar "
-                                  f"({type(exc).__name__}: {exc}); simplify it", param="response_format") from exc
+        raise InvalidRequestError(f"invalid '{param}': the JSON schema cannot be turned into a grammar "
+                                  f"({type(exc).__name__}: {exc}); simplify it", param=param) from exc
     return grammar.replace(_LOOSE_CHAR, _JSON_CHAR)
 
 

@@ -65,10 +65,20 @@ class Tokenizer:
         """Token ids of ``text``; ``special`` parses control tokens such as ``<|im_start|>``."""
         return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)
 
-    def encode_chat(self, messages: Sequence[dict[str, str]], *, continue_final: bool = False) -> list[int]:
+    def encode_chat(
+        self, messages: Sequence[dict[str, Any]], *, continue_final: bool = False,
+        tools: Sequence[dict[str, Any]] | None = None,
+    ) -> list[int]:
         """The prompt tokens llama.cpp would evaluate for ``messages`` with this file's chat template
-        (``continue_final``: the last, assistant, message is continued rather than a new turn opened)."""
-        return self.encode(self.chat_template.prompt(messages, continue_final=continue_final))
+        (``continue_final``: the last, assistant, message is continued rather than a new turn opened;
+        ``tools``: the functions offered)."""
+        return self.encode(self.chat_template.prompt(messages, continue_final=continue_final, tools=tools))
+
+    def encode_request(self, request: Any) -> list[int]:
+        """The prompt tokens of a :class:`~edgecloud.types.ChatRequest`: its messages, its tools,
+        a new assistant turn or its last message continued."""
+        return self.encode_chat(request.message_dicts(), continue_final=request.continue_final_message,
+                                tools=request.tool_dicts())
 
     def decode(self, tokens: Sequence[int], *, special: bool = True) -> bytes:
         """The bytes of ``tokens`` (may end inside a UTF-8 character; decode with care when streaming)."""

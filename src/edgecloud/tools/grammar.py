@@ -1,0 +1,78 @@
+"""The grammar a tool call is held to, so an emitted call always parses and fits its schema.
+
+This module owns :func:`tool_grammar`. A call is ``<tool_call>\\n{"name": N, "arguments": A}\\n</tool_call>``
+where ``N`` is one of the allowed functions and ``A`` matches that function's parameter schema
+(llama-cpp-python's JSON-schema converter, as for ``response_format``); with
+``parallel_tool_calls`` several calls may follow one another. ``tool_choice``:
+
+- ``required`` or a named function: the answer *is* calls, from its first token;
+- ``auto``: the model writes text freely; from the moment it opens ``<tool_call>``, the rest
+  is held to the grammar (llama.cpp's lazy grammar, triggered by that text);
+- ``none``: no grammar.
+
+A schema the converter cannot handle is an :class:`~edgecloud.errors.InvalidRequestError` naming
+the tool, before anything is generated.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..runtime.structured import schema_grammar
+from .prompt import CLOSE, OPEN
+
+__all__ = ["BARE_TRIGGER", "TAG_TRIGGER", "ToolGrammar", "tool_grammar"]
+
+
+@dataclass(frozen=True)
+class ToolGrammar:
+    """A GBNF grammar (rule ``root``) and, for ``auto``, the patterns that switch it on: regular
+    expressions the whole output so far must match, group 1 where the constrained text starts."""
+
+    grammar: str
+    triggers: tuple[str, ...] = ()
+
+
+#: The output reaches an opening tag (anything may come before it).
+TAG_TRIGGER = r"[\s\S]*?(" + re.escape(OPEN) + r"[\s\S]*)"
+#: The answer opens with a JSON object whose first key is "name", fenced or not.
+BARE_TRIGGER = r'\s*(?:```(?:json)?\s*)?(\{\s*"name"[\s\S]*)'
+
+
+def _gbnf(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+#: JSON whitespace inside a call: what models write (one space, or a newline and an indent).
+_SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
+
+
+def tool_grammar(request: Any) -> ToolGrammar | None:
+    """The grammar ``request``'s tools and ``tool_choice`` ask for (None: free text)."""
+    choice = request.tool_mode
+    if choice.mode == "none":
+        return None
+    alternatives = []
+    for i, tool in enumerate(request.tools):
+        if tool in choice.allowed(request.tools):
+            alternatives.append((i, {
+                "type": "object",
+                "properties": {"name": {"const": tool.function.name}, "arguments": tool.function.arguments_schema},
+                "required": ["name", "arguments"],
+                "additionalProperties": False,
+            }))
+    schema = alternatives[0][1] if len(alternatives) == 1 else {"anyOf": [a for _, a in alternatives]}
+    param = f"tools[{alternatives[0][0]}].function.parameters" if len(alternatives) == 1 else "tools"
+    body = schema_grammar(schema, param=param)
+    body = re.sub(r"^root ::=", "tool-call-body ::=", body, count=1, flags=re.M)
+    body = re.sub(r"^space ::= .*$", _SPACE, body, count=1, flags=re.M)
+    call = f'{_gbnf(OPEN)} [ \\n]{{0,2}} tool-call-body [ \\n]{{0,2}} {_gbnf(CLOSE)}'
+    more = f' ( [ \\n]{{0,2}} {call} )*' if choice.parallel else ""
+    if choice.mode == "auto":
+        # switched on by the opening tag, or by a bare JSON call opening the answer (small models
+        # often write one, fenced or not: BARE_TRIGGER); the text from the trigger on is held to this
+        root = f'root ::= {call}{more} | tool-call-body ( "```" )?\n'
+        return ToolGrammar(root + body, triggers=(TAG_TRIGGER, BARE_TRIGGER))
+    return ToolGrammar(f"root ::= {call}{more}\n" + body)

@@ -1,0 +1,126 @@
+"""The tool-call parts without a model: request validation, the streamed parser, prompts for
+templates without tools, and the call grammar (compiled by real llama.cpp)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from edgecloud.errors import InvalidRequestError
+from edgecloud.runtime.chat_template import CHATML_TEMPLATE, ChatTemplate
+from edgecloud.tools.parse import ToolCallParser
+from edgecloud.types import ChatCompletionChunk, ChatRequest, ChunkChoice, ChoiceDelta, collect_chunks
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["c", "f"]}}, "required": ["city"]}}}
+ADD = {"type": "function", "function": {"name": "add", "parameters": {
+    "type": "object", "properties": {"a": {"type": "number"}, "b": {"type": "number"}}, "required": ["a", "b"]}}}
+ASK = [{"role": "user", "content": "Weather in Oslo?"}]
+CALLED = {"role": "assistant", "content": None, "tool_calls": [
+    {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]}
+
+
+def request(**fields: Any) -> ChatRequest:
+    return ChatRequest(**{"messages": ASK, "tools": [WEATHER, ADD], **fields})
+
+
+def parse(text: str, step: int, names: tuple[str, ...] = ("get_weather", "add")) -> tuple[str, list[tuple[str, Any]]]:
+    parser, out, calls = ToolCallParser(names), [], []
+    for i in range(0, len(text), step):
+        delta, found = parser.push(text[i:i + step])
+        out.append(delta)
+        calls += found
+    delta, found = parser.flush()
+    return "".join(out) + delta, [(c.function.name, json.loads(c.function.arguments)) for c in calls + found]
+
+
+@pytest.mark.parametrize("step", [1, 2, 5, 1000])
+def test_tagged_calls_come_out_whole_whatever_the_delta_size(step: int) -> None:
+    text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    assert parse(text, step) == ("Let me check.", [("get_weather", {"city": "Oslo"}), ("add", {"a": 1, "b": 2})])
+
+
+@pytest.mark.parametrize("step", [1, 3, 1000])
+def test_text_is_never_lost(step: int) -> None:
+    for text in ["Hello <tool_ca there", "a < b and <tool", "<tool_call>\nnot json\n</tool_call> ok",
+                 "```python\nprint(1)\n```", '{"a": 1}', '{"name": "unknown_fn", "arguments": {}}', "   "]:
+        assert parse(text, step) == (text, []), text
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_bare_call_opening_the_answer_is_a_call(step: int) -> None:
+    fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
+    assert parse(fenced, step) == ("", [("get_weather", {"city": "Paris"})])
+    assert parse('{"name": "add", "parameters": {"a": 2, "b": 3}} Done.', step) == ("Done.", [("add", {"a": 2, "b": 3})])
+
+
+def test_a_call_cut_off_counts_only_if_it_parses() -> None:
+    assert parse('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}', 3)[1] == [("add", {"a": 1, "b": 2})]
+    assert parse('<tool_call>\n{"name": "add", "argu', 3) == ('<tool_call>\n{"name": "add", "argu', [])
+
+
+def test_tool_choice_forms_and_their_errors() -> None:
+    assert request().tool_mode.mode == "auto" and ChatRequest(messages=ASK).tool_mode.mode == "none"
+    named = request(tool_choice={"type": "function", "function": {"name": "add"}})
+    assert (named.tool_mode.mode, named.tool_mode.name, named.tool_mode.parallel) == ("required", "add", False)
+    assert request(tool_choice="none").tool_dicts() is None
+    cases = [
+        ({"tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice.function.name"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
+        ({"tools": None, "tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER, WEATHER]}, "tools"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "objekt"}}}]},
+         "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+         "tools[0].function.parameters"),
+        ({"tools": [{"type": "function", "function": {"name": "has space"}}]}, "tools[0].function.name"),
+        ({"tools": [{"type": "retrieval", "function": {"name": "f"}}]}, "tools[0].type"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+    ]
+    for fields, param in cases:
+        with pytest.raises(InvalidRequestError) as info:
+            request(**fields)
+        assert info.value.param == param, (fields, info.value)
+
+
+def test_tool_results_must_answer_a_call() -> None:
+    ok = request(messages=[*ASK, CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "3 C"}])
+    assert ok.message_dicts()[1]["tool_calls"][0]["function"]["arguments"] == {"city": "Oslo"}  # an object, for templates
+    for bad, param in [({"role": "tool", "tool_call_id": "call_9", "content": "3 C"}, "messages[2].tool_call_id"),
+                       ({"role": "tool", "content": "3 C"}, "messages[2].tool_call_id")]:
+        with pytest.raises(InvalidRequestError) as info:
+            request(messages=[*ASK, CALLED, bad])
+        assert info.value.param == param
+    with pytest.raises(InvalidRequestError, match="only assistant"):
+        request(messages=[{**ASK[0], "tool_calls": CALLED["tool_calls"]}])
+    with pytest.raises(InvalidRequestError, match="null"):
+        request(messages=[{"role": "user", "content": None}])
+
+
+def test_a_template_without_tools_gets_them_as_text() -> None:
+    plain = ChatTemplate(CHATML_TEMPLATE)
+    assert not plain.renders_tools
+    req = request(messages=[*ASK, CALLED, {"role": "tool", "tool_call_id": "call_1", "content": "3 C, rain"}])
+    text = plain.prompt(req.message_dicts(), tools=req.tool_dicts())
+    assert text.startswith("<|im_start|>system\n") and '"name": "get_weather"' in text.split("<|im_end|>")[0]
+    assert '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>' in text
+    assert "<|im_start|>user\n<tool_response>\n3 C, rain\n</tool_response><|im_end|>" in text
+    assert text.endswith("<|im_start|>assistant\n")
+    assert plain.prompt(ChatRequest(messages=ASK).message_dicts()) == plain.prompt(ASK)  # no tools: unchanged
+
+
+def test_collected_stream_assembles_calls_and_null_content() -> None:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> ChatCompletionChunk:
+        return ChatCompletionChunk(id="c", created=0, model="m",
+                                   choices=[ChunkChoice(delta=ChoiceDelta(**delta), finish_reason=finish)])
+
+    pieces = [{"role": "assistant"},
+              {"tool_calls": [{"index": 0, "id": "call_a", "type": "function", "function": {"name": "add", "arguments": '{"a": '}}]},
+              {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}]
+    done = collect_chunks([chunk(p) for p in pieces] + [chunk({}, "tool_calls")])
+    message = done.choices[0].message
+    assert message.content is None and done.choices[0].finish_reason == "tool_calls"
+    assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []] == [("call_a", "add", '{"a": 1}')]
