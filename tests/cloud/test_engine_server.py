@@ -7,6 +7,8 @@ official ``openai`` client, our ``CloudBackend`` and raw httpx for exact status 
 
 from __future__ import annotations
 
+import json
+
 import re
 import subprocess
 import sys
@@ -126,9 +128,6 @@ def test_metrics_use_vllm_names(server: str) -> None:
         ({"messages": HELLO, "model": "gpt-9"}, 404, "model", "does not exist"),
         ({"messages": [{"role": "user", "content": "word " * 600}]}, 400, "messages", "context window"),
         ({"messages": HELLO, "max_tokens": 100000}, 400, "messages", "max_tokens"),
-        # the torch engine does not constrain decoding: a forced call is refused, never faked
-        ({"messages": HELLO, "tool_choice": "required", "tools": [
-            {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]}, 400, "tool_choice", "llama.cpp"),
     ],
 )
 def test_bad_input_gets_openai_errors(server: str, body: object, status: int, param: str | None, words: str) -> None:
@@ -187,15 +186,27 @@ def test_full_queue_429_and_disconnects_free_the_batch(server: str) -> None:
     assert _metric(server, "num_requests_running") == 0
 
 
-def test_tools_under_auto_are_offered_and_parsed(server: str) -> None:
+def test_tools_and_structured_output_are_held_to_their_schemas(server: str) -> None:
     tool = {"type": "function", "function": {"name": "get_weather", "description": "The weather now in a city",
-                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
-                                                            "required": ["city"]}}}
+                                             "parameters": {"type": "object", "properties": {
+                                                 "city": {"type": "string"},
+                                                 "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                                                 "required": ["city", "unit"], "additionalProperties": False}}}
+    ask = [{"role": "user", "content": "Weather in Paris?"}]
     with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY) as client:
-        reply = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Weather in Paris?"}],
-                                               tools=[tool], max_tokens=48, temperature=0)
-    choice = reply.choices[0]
-    # the model (Qwen2.5's template renders the tools) calls it; unconstrained, the call is parsed
-    assert choice.finish_reason == "tool_calls" and choice.message.tool_calls[0].function.name == "get_weather"
-    assert "<tool_call>" not in (choice.message.content or "")
-
+        auto = client.chat.completions.create(model=MODEL, messages=ask, tools=[tool], max_tokens=48, temperature=0)
+        forced = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}],
+                                                tools=[tool], tool_choice="required", max_tokens=48, temperature=0)
+        shaped = client.chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "Give a number and a word."}], max_tokens=48,
+            temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
+                "type": "object", "properties": {"n": {"type": "integer"}, "w": {"type": "string", "maxLength": 12}},
+                "required": ["n", "w"], "additionalProperties": False}}})
+    # under auto the model (Qwen2.5's template renders the tools) calls it, and the call fits
+    assert auto.choices[0].finish_reason == "tool_calls" and auto.choices[0].message.tool_calls[0].function.name == "get_weather"
+    # required: a call even where the model would not make one, its arguments exactly the schema's
+    args = json.loads(forced.choices[0].message.tool_calls[0].function.arguments)
+    assert forced.choices[0].finish_reason == "tool_calls" and set(args) == {"city", "unit"}
+    assert args["unit"] in ("celsius", "fahrenheit")
+    answer = json.loads(shaped.choices[0].message.content)
+    assert shaped.choices[0].finish_reason == "stop" and isinstance(answer["n"], int) and len(answer["w"]) <= 12

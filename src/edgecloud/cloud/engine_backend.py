@@ -10,7 +10,8 @@ Lifecycle and the streams are :class:`~edgecloud.cloud.engine_base.BatchedEngine
 
 A request whose prompt plus ``max_tokens`` does not fit the context fails with
 :class:`~edgecloud.errors.ContextOverflowError` before anything runs; a full waiting queue
-fails with :class:`~edgecloud.errors.RateLimitedError` (HTTP 429); options the engine does
+fails with :class:`~edgecloud.errors.RateLimitedError` (HTTP 429); structured output and tool
+calls are held to their grammar (llama.cpp's grammar engine masking the torch logits); options the engine does
 not implement (logprobs, presence/frequency penalties) fail with
 :class:`~edgecloud.errors.InvalidRequestError` naming the field.
 
@@ -50,6 +51,9 @@ class TorchEngineBackend(BatchedEngineBackend):
     """
 
     name = "torch-engine"
+    #: ``response_format`` and tool calls are held to llama.cpp's grammar engine over the torch
+    #: logits (:class:`~edgecloud.runtime.grammar_mask.GrammarMask`), the same grammars as the llama.cpp engine.
+    applies_grammar = True
     supports_logprobs = False
     supports_seed = True
     supports_stop = True
@@ -187,7 +191,8 @@ class TorchEngineBackend(BatchedEngineBackend):
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
             prompt = tokenizer.encode(request.text, add_bos=True)
         params = self._params(request, prompt)
-        seq = scheduler.submit(prompt, params, loop=loop)
+        grammar = tokenizer.grammar_mask(params) if params.grammar is not None else None  # a bad one: 400, here
+        seq = scheduler.submit(prompt, params, loop=loop, setup=lambda s: setattr(s, "grammar", grammar))
         answer = AnswerChunks(request, self.model_name, self._route(),
                               piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog)
         return seq, answer, len(prompt)

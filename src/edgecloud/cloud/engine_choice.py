@@ -8,8 +8,9 @@ This module owns :func:`choose_engine` and :func:`choose_precision`. The rules c
 - an NVIDIA GPU without vLLM: the **torch** engine, FP8 where the GPU multiplies in FP8 and the
   model passes the start-up self-check (:mod:`edgecloud.cloud.fp8_check`), else bf16;
 - a CPU only: the **llama.cpp** engine, serving the GGUF's own INT4 weights with continuous
-  batching, and the only engine here that answers everything the API has (logprobs, penalties,
-  ``logit_bias``, ``response_format`` grammars, scoring for the verified collaboration mode).
+  batching, and the engine here that answers everything the API has (logprobs, penalties,
+  ``logit_bias`` and scoring for the verified collaboration mode, which the torch engine lacks;
+  both hold ``response_format`` and tool calls to their grammars).
   Measured with the 0.5B model on this project's 2-core AVX-512 machine (``benchmarks/serving.py``,
   fresh prompts, 64 tokens): one stream at 2.6x vLLM CPU bf16's tokens/s, 11 % of its peak
   memory, ready in 2 s against 124 s; at 8 streams 0.66x vLLM, where our torch engine in bf16

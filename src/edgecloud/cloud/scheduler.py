@@ -72,6 +72,8 @@ class Sequence(BatchSequence):
         #: Speculation controller while running.
         self.spec: SpecState | None = None
         self._generator: torch.Generator | None = None
+        #: The grammar the answer is held to (a ``GrammarMask``; ``response_format`` or tool calls), set by the engine.
+        self.grammar: Any = None
         if params.seed is not None:
             self._generator = torch.Generator().manual_seed(params.seed)
 
@@ -195,7 +197,7 @@ class Scheduler(BatchScheduler[Sequence]):
         decoding = sum(1 for seq in batch if not seq.prefilling)
         # every plain greedy choice of the step in one argmax and one transfer to the host
         greedy = [i for i, seq in enumerate(batch)
-                  if not seq.prefilling and seq.params.greedy and seq.id not in planned]
+                  if not seq.prefilling and seq.params.greedy and seq.id not in planned and seq.grammar is None]
         picks: dict[int, int] = {}
         if greedy:
             chosen = torch.stack([logits[i][-1] for i in greedy]).argmax(-1).tolist()
@@ -214,6 +216,8 @@ class Scheduler(BatchScheduler[Sequence]):
         (``picked``: its greedy token, already chosen for the whole batch)."""
         if picked is not None:
             tokens = [picked]
+        elif seq.grammar is not None:
+            tokens = [self._constrained(seq, row[-1])]
         elif plan is None:
             tokens = [sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p,
                              generator=seq._generator)]
@@ -230,13 +234,23 @@ class Scheduler(BatchScheduler[Sequence]):
             if not self._deliver(seq, token, finished_at):
                 break
 
+    def _constrained(self, seq: Sequence, logits: torch.Tensor) -> int:
+        """The next token under the sequence's grammar (llama.cpp's, on these logits)."""
+        masked = torch.from_numpy(seq.grammar.mask(logits.float().numpy()))
+        if seq.params.greedy:
+            token = int(masked.argmax())
+        else:
+            token = sample(masked, temperature=seq.params.temperature, top_p=seq.params.top_p, generator=seq._generator)
+        seq.grammar.accept(token)
+        return token
+
     def _draft(self, batch: list[Sequence], rows: int) -> dict[int, Planned]:
         """Drafts for this step's decoding sequences, each capped by its remaining tokens and context."""
         assert self.speculator is not None
         wanted = []
         for seq in batch:
-            if seq.prefilling or seq.spec is None or seq.cancelled:
-                continue
+            if seq.prefilling or seq.spec is None or seq.cancelled or seq.grammar is not None:
+                continue  # a grammar is not held across a draft: constrained answers decode one token a step
             assert seq.cache is not None
             # the last draft position must leave room for the bonus token, within max_tokens and the context
             cap = min(seq.params.max_new_tokens - len(seq.output) - 1, self.max_context - seq.cache.length - 2)
@@ -246,6 +260,8 @@ class Scheduler(BatchScheduler[Sequence]):
 
     def _release(self, seq: Sequence, error: BaseException | None) -> None:
         """Keep a finished sequence's KV as a prefix for later prompts (not after an error)."""
+        if seq.grammar is not None:
+            seq.grammar.close()
         cache, seq.cache = seq.cache, None
         if cache is not None and error is None and cache.length >= self.min_prefix:
             self._remember(seq, cache)

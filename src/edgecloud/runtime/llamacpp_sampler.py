@@ -18,7 +18,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from .sampling import PENALTY_LAST_N, SamplingParams
 
-__all__ = ["make_sampler", "needs_sampler"]
+__all__ = ["grammar_stage", "make_sampler", "needs_sampler"]
 
 
 def needs_sampler(params: SamplingParams) -> bool:
@@ -45,7 +45,7 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
     if params.logit_bias:
         sampler.add_logit_bias(n_vocab, dict(params.logit_bias))
     if params.grammar is not None:
-        grammar = _grammar(lib, vocab, params)
+        grammar = grammar_stage(lib, vocab, params)
         if not grammar:
             sampler.close()
             raise InvalidRequestError(f"invalid '{params.grammar_param}': llama.cpp could not compile the grammar "
@@ -67,8 +67,8 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
     return sampler
 
 
-def _grammar(lib: Any, vocab: Any, params: SamplingParams) -> Any:
-    """The grammar stage: on from the first token, or lazy (``grammar_triggers``): switched on
+def grammar_stage(lib: Any, vocab: Any, params: SamplingParams) -> Any:
+    """The grammar stage (a bare llama.cpp sampler; NULL when the grammar does not compile): on from the first token, or lazy (``grammar_triggers``): switched on
     when the output so far matches a trigger, and held from its group 1 on."""
     import ctypes
 

@@ -87,13 +87,13 @@ def sampling_params(
     wants_grammar = bool(fmt) and fmt.get("type") != "text"
     if wants_grammar and not grammar:
         raise InvalidRequestError("structured output (response_format json_object / json_schema) is not supported by "
-                                  "this runtime; the llama.cpp runtime constrains it", param="response_format")
+                                  "this runtime; the llama.cpp runtime (and edgecloud serve) constrains it", param="response_format")
     tool_mode = getattr(request, "tool_mode", None)
     tools = tool_mode is not None and tool_mode.mode != "none"
     if tools and tool_mode.mode == "required" and not grammar:
         raise InvalidRequestError("tool_choice 'required' or a named function needs decoding held to the call's "
-                                  "schema, which this runtime does not do; use the llama.cpp runtime (edge) or "
-                                  "engine (edgecloud serve), or send tool_choice 'auto'", param="tool_choice")
+                                  "schema, which this runtime does not do; use the llama.cpp runtime on the edge "
+                                  "(or edgecloud serve), or send tool_choice 'auto'", param="tool_choice")
     bias = getattr(request, "logit_bias", None) or {}
     if bias and not logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "

@@ -61,6 +61,13 @@ class Tokenizer:
         )
         self._pieces: dict[int, bytes] = {}
 
+    def grammar_mask(self, params: Any) -> Any:
+        """A :class:`~edgecloud.runtime.grammar_mask.GrammarMask` for ``params.grammar`` over this
+        vocabulary (InvalidRequestError when llama.cpp cannot compile it)."""
+        from .grammar_mask import GrammarMask
+
+        return GrammarMask(self._lib, self._vocab, self.vocab_size, params)
+
     def encode(self, text: str, *, add_bos: bool = False, special: bool = True) -> list[int]:
         """Token ids of ``text``; ``special`` parses control tokens such as ``<|im_start|>``."""
         return self._llm.tokenize(text.encode("utf-8"), add_bos=add_bos, special=special)

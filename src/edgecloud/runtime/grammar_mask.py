@@ -1,0 +1,60 @@
+"""llama.cpp's grammar engine over logits that did not come from llama.cpp (the torch engine).
+
+This module owns :class:`GrammarMask`: the same GBNF grammar (and lazy triggers) the llama.cpp
+runtime holds a sequence to (:mod:`edgecloud.runtime.llamacpp_sampler`), applied to a logits
+row from any runtime that shares the GGUF's vocabulary: :meth:`GrammarMask.mask` sets every
+token the grammar forbids at this point to ``-inf``, :meth:`GrammarMask.accept` advances the
+grammar by the token chosen. One grammar implementation for every engine means a call or a
+``json_schema`` answer is constrained the same way wherever it is written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from ..errors import InvalidRequestError
+from .llamacpp_sampler import grammar_stage
+from .sampling import SamplingParams
+
+__all__ = ["GrammarMask"]
+
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+
+
+class GrammarMask:
+    """One sequence's grammar state (``params.grammar``, lazy when ``params.grammar_triggers``)."""
+
+    def __init__(self, lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> None:
+        self._lib, self._n_vocab = lib, n_vocab
+        self._sampler = grammar_stage(lib, vocab, params)
+        if not self._sampler:
+            raise InvalidRequestError(f"invalid '{params.grammar_param}': llama.cpp could not compile the grammar "
+                                      "for this schema; simplify it", param=params.grammar_param)
+        self._data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
+        self._data["id"] = np.arange(n_vocab, dtype=np.int32)
+        self._array = lib.llama_token_data_array(
+            data=self._data.ctypes.data_as(ctypes.POINTER(lib.llama_token_data)),
+            size=n_vocab, selected=-1, sorted=False)
+
+    def mask(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
+        """``logits`` (one row over the vocabulary) with the tokens the grammar forbids at ``-inf``."""
+        self._data["logit"] = logits[: self._n_vocab]
+        self._array.size, self._array.selected, self._array.sorted = self._n_vocab, -1, False
+        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(self._array))
+        return self._data["logit"].copy()
+
+    def accept(self, token: int) -> None:
+        """Advance the grammar by the token the sequence took."""
+        self._lib.llama_sampler_accept(self._sampler, token)
+
+    def close(self) -> None:
+        sampler, self._sampler = self._sampler, None
+        if sampler:
+            self._lib.llama_sampler_free(sampler)
+
+    def __del__(self) -> None:
+        self.close()
