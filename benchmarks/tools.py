@@ -52,7 +52,7 @@ MODELS = "qwen2.5-coder-0.5b-instruct-q4,qwen2.5-coder-1.5b-instruct-q4"
 def unconstrained() -> Iterator[None]:
     """Constraints off: no grammar for calls or ``json_schema`` answers (the text is only parsed)."""
     import edgecloud.runtime.structured as structured
-    import edgecloud.tools.grammar as grammar
+    import edgecloud.runtime.tool_grammar as grammar
 
     saved = grammar.tool_grammar, structured.response_grammar
     grammar.tool_grammar = lambda request: None  # type: ignore[assignment]
@@ -129,7 +129,8 @@ def run_structured(edge: LlamaCppBackend, item: dict[str, Any], max_tokens: int)
         ok = True
     except (ValueError, jsonschema.ValidationError):
         ok = False
-    return {"valid": ok, "tokens": answer.usage.completion_tokens, "seconds": seconds}
+    return {"valid": ok, "finished": answer.choices[0].finish_reason == "stop",
+            "tokens": answer.usage.completion_tokens, "seconds": seconds}
 
 
 def ratio(part: int, whole: int) -> float | None:
@@ -153,6 +154,10 @@ def summarise(rows: list[dict[str, Any]], cases: list[dict[str, Any]], structure
         "argument_accuracy": ratio(sum(bool(r["args_ok"]) for r in right), len(right)),
         "follow_up_accuracy": ratio(sum(bool(r["uses_result"]) for r in follow), len(follow)),
         "schema_validity": ratio(sum(s["valid"] for s in structured), len(structured)),
+        # an answer cut off by max_tokens cannot be whole JSON, constrained or not
+        "schema_validity_of_finished": ratio(sum(s["valid"] for s in structured if s["finished"]),
+                                             sum(s["finished"] for s in structured)),
+        "structured_cut_by_max_tokens": sum(not s["finished"] for s in structured),
         "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
         "structured_tokens_per_s": round(sum(s["tokens"] for s in structured) / max(1e-9, sum(s["seconds"] for s in structured)), 2),
     }
@@ -162,13 +167,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default=MODELS)
     parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--structured-max-tokens", type=int, default=160, help="for the json_schema answers")
     parser.add_argument("--limit", type=int, default=None, help="only the first N tool cases and N // 5 structured ones")
+    parser.add_argument("--settings", default="on,off", help="constraints on, off or both (on,off: overheads too)")
+    parser.add_argument("--every", type=int, default=1, help="every Nth case only (a quicker look, every kind kept)")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     data = json.loads(DATA.read_text(encoding="utf-8"))
     cases, structured = data["cases"], data["structured"]
     if args.limit:
         cases, structured = cases[: args.limit], structured[: max(1, args.limit // 5)]
+    if args.every > 1:  # every kind keeps its share (the cases are grouped by kind)
+        cases, structured = cases[:: args.every], structured[:: args.every]
     report: dict[str, Any] = {"cases": len(cases), "structured_cases": len(structured), "max_tokens": args.max_tokens,
                               "tool_choice": "auto", "models": {}}
     call_cases = [c for c in cases if c["expect"] is not None and "history" not in c][:8]
@@ -179,13 +189,15 @@ def main() -> None:
                 edge.tokenize_chat([{"role": "user", "content": "hi"}])  # load before timing
                 # every case with constraints on and off back to back (the order alternating), so
                 # a machine that drifts over the run weighs on both settings alike
-                runs: dict[str, dict[str, list[dict[str, Any]]]] = {"on": {}, "off": {}}
+                settings = args.settings.split(",")
+                runs: dict[str, dict[str, list[dict[str, Any]]]] = {setting: {} for setting in settings}
                 jobs = [("auto", c, lambda e, c=c: run_case(e, data, c, args.max_tokens)) for c in cases]
-                jobs += [("structured", s, lambda e, s=s: run_structured(e, s, args.max_tokens)) for s in structured]
-                jobs += [("required", c, lambda e, c=c: run_case(e, data, c, args.max_tokens, choice="required"))
-                         for c in call_cases]
+                jobs += [("structured", s, lambda e, s=s: run_structured(e, s, args.structured_max_tokens)) for s in structured]
+                if len(settings) > 1:  # the speed of the grammar from the first token: a ratio, so both settings
+                    jobs += [("required", c, lambda e, c=c: run_case(e, data, c, args.max_tokens, choice="required"))
+                             for c in call_cases]
                 for i, (kind, _, job) in enumerate(jobs):
-                    for setting in (("on", "off") if i % 2 == 0 else ("off", "on")):
+                    for setting in (settings if i % 2 == 0 else settings[::-1]):
                         with contextlib.nullcontext() if setting == "on" else unconstrained():
                             runs[setting].setdefault(kind, []).append(job(edge))
                     print(f"tools: {name} {i + 1}/{len(jobs)}", file=sys.stderr, end="\r")
@@ -201,6 +213,11 @@ def main() -> None:
                                                          max(1e-9, sum(r["seconds"] for r in required)), 2)
                 out[f"constraints_{setting}"] = summary
                 print(f"\ntools: {name} constraints {setting}: {json.dumps(summary)}", file=sys.stderr)
+            if len(settings) < 2:
+                report["models"][name] = out
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                args.out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+                continue
             on, off = out["constraints_on"], out["constraints_off"]
             out["constrained_overhead"] = {
                 "auto": round(1 - on["tokens_per_s"] / off["tokens_per_s"], 4),

@@ -210,3 +210,13 @@ def test_tools_and_structured_output_are_held_to_their_schemas(server: str) -> N
     assert args["unit"] in ("celsius", "fahrenheit")
     answer = json.loads(shaped.choices[0].message.content)
     assert shaped.choices[0].finish_reason == "stop" and isinstance(answer["n"], int) and len(answer["w"]) <= 12
+
+
+def test_penalties_change_what_greedy_decoding_repeats(server: str) -> None:
+    ask = [{"role": "user", "content": "Write the word 'echo' twenty times, separated by spaces."}]
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY) as client:
+        plain = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=30, temperature=0)
+        penalised = client.chat.completions.create(model=MODEL, messages=ask, max_tokens=30, temperature=0,
+                                                   frequency_penalty=2.0, presence_penalty=1.0)
+    text, less = plain.choices[0].message.content, penalised.choices[0].message.content
+    assert text.lower().count("echo") > less.lower().count("echo")

@@ -183,9 +183,9 @@ class TorchEngineBackend(BatchedEngineBackend):
         scheduler = self.scheduler
         tokenizer = self._tokenizer
         if isinstance(request, ChatRequest):
-            for option in ("logprobs", "presence_penalty", "frequency_penalty"):
-                if getattr(request, option):
-                    raise InvalidRequestError(f"{option} is not supported by the torch engine yet", param=option)
+            if request.logprobs:
+                raise InvalidRequestError("logprobs is not supported by the torch engine yet; the llama.cpp engine "
+                                          "(edgecloud serve --engine llamacpp) gives them", param="logprobs")
             prompt = tokenizer.encode_request(request)
         else:
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.

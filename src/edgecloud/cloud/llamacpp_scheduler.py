@@ -45,6 +45,7 @@ from ..errors import BackendError, BackendUnavailableError
 from ..observability.server_metrics import ServerMetrics
 from ..runtime.chunks import log_partition, token_logprob, top_tokens
 from ..runtime.llamacpp_batch import MultiSeqContext
+from ..runtime.llamacpp_sampler import GreedyGrammarSampler
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.sampling import SamplingParams
 from ..runtime.scoring import TokenScore
@@ -322,6 +323,8 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         logits = ctx.logits(row) if seq.sampler is None or seq.top_n is not None else None
         if seq.sampler is None:
             token = int(logits.argmax())  # type: ignore[union-attr]
+        elif isinstance(seq.sampler, GreedyGrammarSampler):
+            token = seq.sampler.pick(logits if logits is not None else ctx.logits(row))
         else:
             token = int(ctx.sample(seq.sampler, row))
         if seq.top_n is not None and not (seq.params.stop_at_eog and token in self.eog_ids):

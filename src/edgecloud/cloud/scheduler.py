@@ -43,7 +43,7 @@ import numpy as np
 import torch
 
 from ..runtime.prefix_cache import PrefixCache, SavedPrefix
-from ..runtime.sampling import SamplingParams
+from ..runtime.sampling import PENALTY_LAST_N, SamplingParams
 from ..errors import BackendError
 from ..observability.server_metrics import ServerMetrics
 from ..engine import KVCache, Transformer, sample
@@ -197,7 +197,7 @@ class Scheduler(BatchScheduler[Sequence]):
         decoding = sum(1 for seq in batch if not seq.prefilling)
         # every plain greedy choice of the step in one argmax and one transfer to the host
         greedy = [i for i, seq in enumerate(batch)
-                  if not seq.prefilling and seq.params.greedy and seq.id not in planned and seq.grammar is None]
+                  if not seq.prefilling and seq.params.greedy and seq.id not in planned and not _shaped(seq)]
         picks: dict[int, int] = {}
         if greedy:
             chosen = torch.stack([logits[i][-1] for i in greedy]).argmax(-1).tolist()
@@ -216,7 +216,7 @@ class Scheduler(BatchScheduler[Sequence]):
         (``picked``: its greedy token, already chosen for the whole batch)."""
         if picked is not None:
             tokens = [picked]
-        elif seq.grammar is not None:
+        elif _shaped(seq):
             tokens = [self._constrained(seq, row[-1])]
         elif plan is None:
             tokens = [sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p,
@@ -235,13 +235,22 @@ class Scheduler(BatchScheduler[Sequence]):
                 break
 
     def _constrained(self, seq: Sequence, logits: torch.Tensor) -> int:
-        """The next token under the sequence's grammar (llama.cpp's, on these logits)."""
-        masked = torch.from_numpy(seq.grammar.mask(logits.float().numpy()))
+        """The next token with the sequence's penalties applied and its grammar (llama.cpp's) held."""
+        row = logits.float().numpy().copy()
+        params = seq.params
+        if params.penalised and seq.output:
+            # as llama.cpp's penalties stage: over the last PENALTY_LAST_N generated tokens
+            ids, counts = np.unique(np.asarray(seq.output[-PENALTY_LAST_N:]), return_counts=True)
+            row[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        if seq.grammar is not None and params.greedy:
+            return int(seq.grammar.greedy(row))
+        masked = torch.from_numpy(seq.grammar.mask(row) if seq.grammar is not None else row)
         if seq.params.greedy:
             token = int(masked.argmax())
         else:
             token = sample(masked, temperature=seq.params.temperature, top_p=seq.params.top_p, generator=seq._generator)
-        seq.grammar.accept(token)
+        if seq.grammar is not None:
+            seq.grammar.accept(token)
         return token
 
     def _draft(self, batch: list[Sequence], rows: int) -> dict[int, Planned]:
@@ -249,8 +258,8 @@ class Scheduler(BatchScheduler[Sequence]):
         assert self.speculator is not None
         wanted = []
         for seq in batch:
-            if seq.prefilling or seq.spec is None or seq.cancelled or seq.grammar is not None:
-                continue  # a grammar is not held across a draft: constrained answers decode one token a step
+            if seq.prefilling or seq.spec is None or seq.cancelled or _shaped(seq):
+                continue  # grammars and penalties are not held across a draft: such answers decode a token a step
             assert seq.cache is not None
             # the last draft position must leave room for the bonus token, within max_tokens and the context
             cap = min(seq.params.max_new_tokens - len(seq.output) - 1, self.max_context - seq.cache.length - 2)
@@ -280,3 +289,8 @@ class Scheduler(BatchScheduler[Sequence]):
             seq.spec = None
             seq.spec_summary = state.summary() if state is not None else None
         super()._finish(seq, reason, error)
+
+
+def _shaped(seq: Sequence) -> bool:
+    """Whether the sequence's next token is chosen with a grammar or penalties (one at a time, on the host)."""
+    return seq.grammar is not None or seq.params.penalised

@@ -4,8 +4,12 @@ This module owns :class:`GrammarMask`: the same GBNF grammar (and lazy triggers)
 runtime holds a sequence to (:mod:`edgecloud.runtime.llamacpp_sampler`), applied to a logits
 row from any runtime that shares the GGUF's vocabulary: :meth:`GrammarMask.mask` sets every
 token the grammar forbids at this point to ``-inf``, :meth:`GrammarMask.accept` advances the
-grammar by the token chosen. One grammar implementation for every engine means a call or a
-``json_schema`` answer is constrained the same way wherever it is written.
+grammar by the token chosen, and :meth:`GrammarMask.greedy` picks the best allowed token the
+fast way: the best token is checked alone first, and only when the grammar refuses it is the
+whole vocabulary masked (llama.cpp's own common sampler does the same; for greedy decoding the
+answer is identical, and most tokens of a call or a JSON answer are the model's first choice).
+One grammar implementation for every engine means a call or a ``json_schema`` answer is
+constrained the same way wherever it is written.
 """
 
 from __future__ import annotations
@@ -39,6 +43,24 @@ class GrammarMask:
         self._array = lib.llama_token_data_array(
             data=self._data.ctypes.data_as(ctypes.POINTER(lib.llama_token_data)),
             size=n_vocab, selected=-1, sorted=False)
+        self._one = np.zeros(1, dtype=_TOKEN_DATA)
+        self._one_array = lib.llama_token_data_array(
+            data=self._one.ctypes.data_as(ctypes.POINTER(lib.llama_token_data)), size=1, selected=-1, sorted=False)
+
+    def allows(self, token: int) -> bool:
+        """Whether the grammar accepts ``token`` next (one token checked, not the vocabulary)."""
+        self._one["id"], self._one["logit"] = token, 0.0
+        self._one_array.size, self._one_array.selected, self._one_array.sorted = 1, -1, False
+        self._lib.llama_sampler_apply(self._sampler, ctypes.byref(self._one_array))
+        return bool(np.isfinite(self._one["logit"][0]))
+
+    def greedy(self, logits: npt.NDArray[np.float32]) -> int:
+        """The most likely token the grammar allows, accepted into it."""
+        token = int(logits.argmax())
+        if not self.allows(token):
+            token = int(self.mask(logits).argmax())
+        self.accept(token)
+        return token
 
     def mask(self, logits: npt.NDArray[np.float32]) -> npt.NDArray[np.float32]:
         """``logits`` (one row over the vocabulary) with the tokens the grammar forbids at ``-inf``."""

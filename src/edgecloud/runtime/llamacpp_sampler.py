@@ -18,7 +18,32 @@ from typing import Any
 from ..errors import InvalidRequestError
 from .sampling import PENALTY_LAST_N, SamplingParams
 
-__all__ = ["grammar_stage", "make_sampler", "needs_sampler"]
+__all__ = ["GreedyGrammarSampler", "grammar_stage", "make_sampler", "needs_sampler"]
+
+
+class GreedyGrammarSampler:
+    """Greedy decoding held to a grammar, the fast way (:meth:`GrammarMask.greedy
+    <edgecloud.runtime.grammar_mask.GrammarMask.greedy>`): what :func:`make_sampler` gives for a
+    grammar with no other sampling option. :meth:`sample` reads a llama.cpp context's row as a
+    ``LlamaSampler`` does; :meth:`pick` takes the row's logits."""
+
+    def __init__(self, lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> None:
+        from .grammar_mask import GrammarMask
+
+        self._lib, self._n_vocab = lib, n_vocab
+        self.mask = GrammarMask(lib, vocab, n_vocab, params)
+
+    def pick(self, logits: Any) -> int:
+        return self.mask.greedy(logits)
+
+    def sample(self, ctx: Any, idx: int = -1) -> int:
+        import numpy as np
+
+        raw = self._lib.llama_get_logits_ith(ctx.ctx, idx)
+        return self.pick(np.ctypeslib.as_array(raw, shape=(self._n_vocab,)))
+
+    def close(self) -> None:
+        self.mask.close()
 
 
 def needs_sampler(params: SamplingParams) -> bool:
@@ -32,6 +57,8 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
     outside the vocabulary and a grammar llama.cpp cannot compile (``response_format``)."""
     if not needs_sampler(params):
         return None
+    if params.grammar is not None and params.greedy and not params.penalised and not params.logit_bias:
+        return GreedyGrammarSampler(lib, vocab, n_vocab, params)
     from llama_cpp._internals import LlamaSampler
 
     bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)

@@ -98,7 +98,7 @@ def sampling_params(
     if bias and not logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "
                                   "(leave it out here)", param="logit_bias")
-    from ..tools.grammar import tool_grammar
+    from .tool_grammar import tool_grammar
     from .structured import response_grammar
 
     calls = tool_grammar(request) if tools and grammar else None

@@ -8,11 +8,12 @@ This package owns what a tool-bearing request needs beyond plain chat:
   name);
 - :mod:`.prompt`: the conversation as a chat template sees it (arguments as objects, as the
   Hugging Face templates expect), and a tools block for templates that have none;
-- :mod:`.grammar`: the GBNF grammar a call must match (``tool_choice`` ``required`` or a named
-  function: from the first token; ``auto``: from the moment the model opens a call);
 - :mod:`.parse`: the model's ``<tool_call>{...}</tool_call>`` output, streamed, turned into
   OpenAI ``tool_calls`` deltas (each call whole, in one delta: a call is never split between
   chunks, so never between the edge and the cloud either).
+
+The grammar a call is held to is the runtime's (:mod:`edgecloud.runtime.tool_grammar`): this
+package is plain Python below ``runtime/``, with no model or llama.cpp dependency.
 """
 
 from __future__ import annotations

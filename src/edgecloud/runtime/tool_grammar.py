@@ -20,10 +20,10 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from ..runtime.structured import schema_grammar
-from .prompt import CLOSE, OPEN
+from ..tools.prompt import CLOSE, OPEN
+from .structured import schema_grammar
 
-__all__ = ["BARE_TRIGGER", "TAG_TRIGGER", "ToolGrammar", "tool_grammar"]
+__all__ = ["TAG_TRIGGER", "ToolGrammar", "bare_trigger", "tool_grammar"]
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,13 @@ class ToolGrammar:
 
 #: The output reaches an opening tag (anything may come before it).
 TAG_TRIGGER = r"[\s\S]*?(" + re.escape(OPEN) + r"[\s\S]*)"
-#: The answer opens with a JSON object whose first key is "name", fenced or not.
-BARE_TRIGGER = r'\s*(?:```(?:json)?\s*)?(\{\s*"name"[\s\S]*)'
+
+
+def bare_trigger(names: list[str]) -> str:
+    """The answer opens with a JSON object whose first key, "name", is one of ``names``, fenced
+    or not (a model calling a function nobody declared is writing text, and stays free)."""
+    alternatives = "|".join(re.escape(n) for n in names)
+    return r'\s*(?:```(?:json)?\s*)?(\{\s*"name"\s*:\s*"(?:' + alternatives + r')"[\s\S]*)'
 
 
 def _gbnf(text: str) -> str:
@@ -72,7 +77,8 @@ def tool_grammar(request: Any) -> ToolGrammar | None:
     more = f' ( [ \\n]{{0,2}} {call} )*' if choice.parallel else ""
     if choice.mode == "auto":
         # switched on by the opening tag, or by a bare JSON call opening the answer (small models
-        # often write one, fenced or not: BARE_TRIGGER); the text from the trigger on is held to this
+        # often write one, fenced or not: bare_trigger); the text from the trigger on is held to this
         root = f'root ::= {call}{more} | tool-call-body ( "```" )?\n'
-        return ToolGrammar(root + body, triggers=(TAG_TRIGGER, BARE_TRIGGER))
+        names = [t.function.name for t in choice.allowed(request.tools)]
+        return ToolGrammar(root + body, triggers=(TAG_TRIGGER, bare_trigger(names)))
     return ToolGrammar(f"root ::= {call}{more}\n" + body)
