@@ -197,7 +197,9 @@ def test_the_hybrid_client_calls_tools_on_either_side(qwen05_path: Path, qwen_se
     edge = LlamaCppBackend(qwen05_path, n_ctx=2048)
     ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]
     try:
-        with EdgeCloud(edge_backend=edge, cloud_base_url=qwen_server.url, cloud_model=QWEN, cloud_api_key=KEY) as c:
+        # a generous timeout: on a busy machine a slow cloud answer must not turn into a fallback here
+        with EdgeCloud(edge_backend=edge, cloud_base_url=qwen_server.url, cloud_model=QWEN, cloud_api_key=KEY,
+                       config={"fallback": {"timeout_s": 300}}) as c:
             for route in ("edge", "cloud"):
                 answer = c.chat.completions.create(messages=ask, tools=[WEATHER], route=route, temperature=0, max_tokens=80)
                 assert answer.route.target == route and answer.choices[0].finish_reason == "tool_calls"
