@@ -21,12 +21,23 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidRequestError
-from .llamacpp_sampler import grammar_stage
 from .sampling import SamplingParams
 
-__all__ = ["GrammarMask"]
+__all__ = ["GrammarMask", "grammar_stage"]
 
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)], align=True)
+
+
+def grammar_stage(lib: Any, vocab: Any, params: SamplingParams) -> Any:
+    """The grammar stage (a bare llama.cpp sampler; NULL when the grammar does not compile): on from the first token, or lazy (``grammar_triggers``): switched on
+    when the output so far matches a trigger, and held from its group 1 on."""
+    import ctypes
+
+    text = params.grammar.encode("utf-8") if params.grammar else b""
+    if not params.grammar_triggers:
+        return lib.llama_sampler_init_grammar(vocab, text, b"root")
+    patterns = (ctypes.c_char_p * len(params.grammar_triggers))(*(t.encode("utf-8") for t in params.grammar_triggers))
+    return lib.llama_sampler_init_grammar_lazy_patterns(vocab, text, b"root", patterns, len(patterns), None, 0)
 
 
 class GrammarMask:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidRequestError
+from .grammar_mask import GrammarMask, grammar_stage
 from .sampling import PENALTY_LAST_N, SamplingParams
 
 __all__ = ["GreedyGrammarSampler", "grammar_stage", "make_sampler", "needs_sampler"]
@@ -28,8 +29,6 @@ class GreedyGrammarSampler:
     ``LlamaSampler`` does; :meth:`pick` takes the row's logits."""
 
     def __init__(self, lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> None:
-        from .grammar_mask import GrammarMask
-
         self._lib, self._n_vocab = lib, n_vocab
         self.mask = GrammarMask(lib, vocab, n_vocab, params)
 
@@ -92,15 +91,3 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
             seed -= 1  # that value means "random" to llama.cpp
     sampler.add_dist(seed)
     return sampler
-
-
-def grammar_stage(lib: Any, vocab: Any, params: SamplingParams) -> Any:
-    """The grammar stage (a bare llama.cpp sampler; NULL when the grammar does not compile): on from the first token, or lazy (``grammar_triggers``): switched on
-    when the output so far matches a trigger, and held from its group 1 on."""
-    import ctypes
-
-    text = params.grammar.encode("utf-8") if params.grammar else b""
-    if not params.grammar_triggers:
-        return lib.llama_sampler_init_grammar(vocab, text, b"root")
-    patterns = (ctypes.c_char_p * len(params.grammar_triggers))(*(t.encode("utf-8") for t in params.grammar_triggers))
-    return lib.llama_sampler_init_grammar_lazy_patterns(vocab, text, b"root", patterns, len(patterns), None, 0)
