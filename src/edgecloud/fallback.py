@@ -55,7 +55,7 @@ from .errors import (
     ModelError,
     PrivacyViolationError,
 )
-from .tools.spec import ToolCallDelta, ToolCallFunctionDelta
+from .tools.spec import ToolCallDelta
 from .types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, Usage
 
 __all__ = ["Attempt", "CircuitBreaker", "FailoverStream", "Part", "can_fall_back", "cause_of"]
@@ -319,21 +319,18 @@ class _Failover:
         self.calls: dict[int, ToolCallDelta] = {}  # the current attempt's calls, not yet passed on
         self.calls_delivered = 0
 
-    def _hold_calls(self, chunk: ChatCompletionChunk, finished: bool) -> None:
+    def _hold_calls(self, chunk: ChatCompletionChunk, finished: bool) -> bool:
         """Take the tool-call pieces off ``chunk``; put back the calls that are complete (every one
         before the highest index seen; all of them when the answer is ``finished``), renumbered
-        after those already delivered."""
+        after those already delivered. True when ``chunk`` carried pieces."""
+        took = False
         for choice in chunk.choices:
             for piece in choice.delta.tool_calls or []:
-                held = self.calls.setdefault(piece.index, ToolCallDelta(
-                    index=piece.index, type="function", function=ToolCallFunctionDelta(name="", arguments="")))
-                held.id = piece.id or held.id
-                if piece.function is not None and held.function is not None:
-                    held.function.name = (held.function.name or "") + (piece.function.name or "")
-                    held.function.arguments = (held.function.arguments or "") + (piece.function.arguments or "")
+                ToolCallDelta.gather(self.calls, piece)
+                took = True
             choice.delta.tool_calls = None
         if not self.calls or not chunk.choices:
-            return
+            return took
         last = max(self.calls)
         ready = [i for i in sorted(self.calls) if finished or i < last]
         if ready:
@@ -344,6 +341,7 @@ class _Failover:
                 self.calls_delivered += 1
                 out.append(call)
             chunk.choices[0].delta.tool_calls = out
+        return took
 
     def begin(self, attempt: Attempt) -> ChatRequest | None:
         """The request ``attempt`` should run, or None when its circuit is open."""
@@ -381,7 +379,7 @@ class _Failover:
         else:
             chunk.id, chunk.created, chunk.model = self.head.id, self.head.created, self.head.model
         finished = any(c.finish_reason is not None for c in chunk.choices)
-        self._hold_calls(chunk, finished)
+        held_pieces = self._hold_calls(chunk, finished)
         content = chunk.text
         if content and self.failed_at is not None:
             owner.route.fallbacks[-1]["resume_s"] = round(time.perf_counter() - self.failed_at, 4)
@@ -405,7 +403,7 @@ class _Failover:
             return chunk
         if len(owner.parts) > 1 and not content and chunk.choices and chunk.choices[0].delta.role:
             return None  # a continuing backend's opening role chunk: the caller had one
-        if chunk.choices and not content and not chunk.choices[0].delta.role and not chunk.choices[0].delta.tool_calls \
+        if held_pieces and not content and not chunk.choices[0].delta.role and not chunk.choices[0].delta.tool_calls \
                 and chunk.choices[0].logprobs is None and chunk.usage is None:
             return None  # only pieces of a call, held until it is whole
         chunk.route = self._route()
@@ -429,8 +427,8 @@ class _Failover:
         attempt.breaker.failure()
         self.verdict = True
         self.calls.clear()  # pieces of an unfinished call: the next backend writes it again
-        if not can_fall_back(exc, attempt.side) or ((self.delivered or self.calls_delivered) and not self.owner.mid_stream) \
-                or self.calls_delivered:
+        # after a whole call was delivered a continuation cannot carry it: raised, not spliced
+        if not can_fall_back(exc, attempt.side) or (self.delivered and not self.owner.mid_stream) or self.calls_delivered:
             _raise_typed(exc, attempt.label or attempt.backend.name, attempt.side)
         self.last_error = exc
         self.pending_from = (attempt, exc)

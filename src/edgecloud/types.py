@@ -600,7 +600,7 @@ def new_completion_id() -> str:
 def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
     """Fold a chunk stream into one ChatCompletion (the non-streaming answer)."""
     text: list[str] = []
-    calls: dict[int, dict[str, Any]] = {}
+    calls: dict[int, ToolCallDelta] = {}
     logprobs: list[TokenLogprob] = []
     saw_logprobs = False
     finish: FinishReason | None = None
@@ -618,11 +618,7 @@ def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
             if choice.delta.content:
                 text.append(choice.delta.content)
             for delta in choice.delta.tool_calls or []:
-                call = calls.setdefault(delta.index, {"id": "", "name": "", "arguments": ""})
-                call["id"] = delta.id or call["id"]
-                if delta.function is not None:
-                    call["name"] += delta.function.name or ""
-                    call["arguments"] += delta.function.arguments or ""
+                ToolCallDelta.gather(calls, delta)
             if choice.logprobs is not None:
                 saw_logprobs = True
                 logprobs.extend(choice.logprobs.content)
@@ -638,8 +634,7 @@ def collect_chunks(chunks: Iterable[ChatCompletionChunk]) -> ChatCompletion:
             Choice(
                 message=AssistantMessage(
                     content="".join(text) or (None if calls else ""),
-                    tool_calls=[ToolCall(id=c["id"], function={"name": c["name"], "arguments": c["arguments"]})
-                                for _, c in sorted(calls.items())] or None,
+                    tool_calls=[c.call() for _, c in sorted(calls.items())] or None,
                 ),
                 finish_reason=finish,
                 logprobs=ChoiceLogprobs(content=logprobs) if saw_logprobs else None,

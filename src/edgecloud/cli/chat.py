@@ -31,7 +31,7 @@ from ..client import DEFAULT_EDGE_MODEL, EdgeCloud
 from ..config import EDGE_RUNTIMES
 from ..errors import EdgeCloudError
 from ..store import resolve_model
-from ..tools.spec import CalledFunction, ToolCall
+from ..tools.spec import ToolCall
 from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
 from .chat_tools import MAX_ROUNDS, LocalTool, load_tools, run_call
 
@@ -134,8 +134,7 @@ def _take(
             stats.finish_reason = choice.finish_reason
         for call in choice.delta.tool_calls or []:  # edgecloud streams each call whole
             if call.id and call.function is not None and call.function.name:
-                stats.calls.append(ToolCall(id=call.id, function=CalledFunction(
-                    name=call.function.name, arguments=call.function.arguments or "{}")))
+                stats.calls.append(call.call())
 
 
 def answer_turn(

@@ -138,6 +138,23 @@ class ToolCallDelta(BaseModel):
     function: ToolCallFunctionDelta | None = None
 
     @classmethod
+    def gather(cls, held: dict[int, "ToolCallDelta"], piece: "ToolCallDelta") -> None:
+        """Add a streamed ``piece`` to the call of its ``index`` in ``held`` (name and arguments
+        arrive as text to append, the id once), as the ``openai`` SDK assembles them."""
+        call = held.setdefault(piece.index, cls(index=piece.index, type="function",
+                                                function=ToolCallFunctionDelta(name="", arguments="")))
+        call.id = piece.id or call.id
+        if piece.function is not None and call.function is not None:
+            call.function.name = (call.function.name or "") + (piece.function.name or "")
+            call.function.arguments = (call.function.arguments or "") + (piece.function.arguments or "")
+
+    def call(self) -> ToolCall:
+        """The assembled call."""
+        function = self.function or ToolCallFunctionDelta()
+        return ToolCall(id=self.id or "", function=CalledFunction(name=function.name or "",
+                                                                 arguments=function.arguments or "{}"))
+
+    @classmethod
     def whole(cls, index: int, call: ToolCall) -> "ToolCallDelta":
         """A whole call in one delta (edgecloud never splits one)."""
         return cls(index=index, id=call.id, type="function",
