@@ -124,3 +124,15 @@ def test_collected_stream_assembles_calls_and_null_content() -> None:
     message = done.choices[0].message
     assert message.content is None and done.choices[0].finish_reason == "tool_calls"
     assert [(c.id, c.function.name, c.function.arguments) for c in message.tool_calls or []] == [("call_a", "add", '{"a": 1}')]
+
+
+def test_a_schema_the_grammar_compiler_cannot_handle_is_named_before_decoding() -> None:
+    pytest.importorskip("llama_cpp")
+    from edgecloud.runtime.sampling import sampling_params
+
+    # valid JSON Schema, but a $ref the converter cannot resolve: refused, never decoded unconstrained
+    broken = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}
+    with pytest.raises(InvalidRequestError) as info:
+        sampling_params(ChatRequest(messages=ASK, tools=[broken], tool_choice="required"), 16, grammar=True)
+    assert info.value.param == "tools[0].function.parameters"
