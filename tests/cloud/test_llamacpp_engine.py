@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -87,6 +88,45 @@ def test_a_conversations_next_turn_reuses_its_slot(engine: LlamaCppEngineBackend
                {"role": "user", "content": "And one about cats?"}]
     second = engine.complete(ChatRequest(messages=history, max_tokens=8, temperature=0))
     assert second.usage.prompt_tokens > first.usage.prompt_tokens
+    assert second.usage.cached_tokens >= first.usage.prompt_tokens
+
+
+def busy_slots(engine: LlamaCppEngineBackend) -> list[int]:
+    return [slot.index for slot in engine.scheduler.slots if slot.busy]
+
+
+def running(stream: Iterator[Any]) -> Iterator[Any]:
+    """``stream`` once its first token has come (its sequence holds a slot then)."""
+    while not next(stream).text:
+        pass
+    return stream
+
+
+def test_requests_run_in_the_lowest_slots_unless_a_long_prefix_is_cached(engine: LlamaCppEngineBackend) -> None:
+    run_concurrently(engine, [ask(q) for q in QUESTIONS])  # every slot now holds a short cached prompt
+    long_turn = [{"role": "user", "content": "Summarise this list: " + ", ".join(f"item {i}" for i in range(60))}]
+    holder = running(engine.stream(ask("Count from one to fifty.", ignore_eos=True, max_tokens=200)))
+    # a running request holds the lowest slot...
+    try:
+        assert busy_slots(engine) == [0]
+        first = engine.complete(ChatRequest(messages=long_turn, max_tokens=8, temperature=0))
+        # ...so the long prompt ran next to it, in slot 1, not in a scattered or least recently used one
+    finally:
+        holder.close()
+    deadline = time.monotonic() + 10
+    while engine.scheduler.num_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # a new short question takes the lowest slot again (it saves nothing elsewhere)...
+    short = running(engine.stream(ask("Name a fruit.", ignore_eos=True, max_tokens=200)))
+    try:
+        assert busy_slots(engine) == [0]
+    finally:
+        short.close()
+    while engine.scheduler.num_running and time.monotonic() < deadline:
+        time.sleep(0.01)
+    # ...while the next turn of the long conversation goes back to slot 1, whose cache it reuses
+    history = [*long_turn, {"role": "assistant", "content": first.text}, {"role": "user", "content": "Thanks."}]
+    second = engine.complete(ChatRequest(messages=history, max_tokens=4, temperature=0))
     assert second.usage.cached_tokens >= first.usage.prompt_tokens
 
 

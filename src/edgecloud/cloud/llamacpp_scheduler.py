@@ -6,10 +6,14 @@ and failure handling are :class:`~edgecloud.cloud.batching.BatchScheduler`'s.
 **Slots.** The context holds ``max_batch`` independent KV streams
 (:class:`~edgecloud.runtime.llamacpp_batch.MultiSeqContext`, ``kv_unified=False``: attention
 reads only its own stream), one per slot. A slot remembers the tokens its KV holds after its
-sequence ends, so a new request goes to the free slot whose cache shares the longest prefix
-with its prompt (least recently used on a tie), and only the rest of the prompt is evaluated:
-a conversation's next turn, or an agent resending its system prompt and tools, prefills only
-what is new. This is llama.cpp server's slot reuse, per slot and without copies.
+sequence ends, so a new request can go to the free slot whose cache shares the longest prefix
+with its prompt, and only the rest of the prompt is evaluated: a conversation's next turn, or
+an agent resending its system prompt and tools, prefills only what is new. This is llama.cpp
+server's slot reuse, per slot and without copies. Running sequences are kept in the lowest
+slots: llama.cpp's attention for a step spans every stream from the step's lowest slot to its
+highest, so scattered slots slow every step (8 sequences on slots 0, 2, ..., 14 decode at about
+half the speed of 8 on slots 0-7); a slot beyond the running span is taken only for a prefix
+that saves at least :data:`SLOT_REUSE_MIN_TOKENS` more prompt tokens.
 
 **A step** is one ``llama_decode``: one token for every decoding sequence (plus its draft
 tokens when speculating) and chunks of prompt for sequences still prefilling, at most
@@ -57,6 +61,9 @@ __all__ = ["LlamaCppScheduler", "LlamaSequence"]
 
 #: Prompt tokens evaluated per step at most, across the prefilling sequences.
 DEFAULT_MAX_PREFILL_TOKENS = 256
+#: Prompt tokens a cached prefix must save, beyond the slots within the running span, for a
+#: sequence to widen that span (module docstring: a wider span slows every step).
+SLOT_REUSE_MIN_TOKENS = 64
 
 
 class LlamaSequence(BatchSequence):
@@ -83,14 +90,13 @@ class LlamaSequence(BatchSequence):
 
 
 class _Slot:
-    __slots__ = ("index", "tokens", "busy", "used")
+    __slots__ = ("index", "tokens", "busy")
 
     def __init__(self, index: int) -> None:
         self.index = index
         #: The tokens whose KV this slot's stream holds, in position order.
         self.tokens: list[int] = []
         self.busy = False
-        self.used = 0.0
 
 
 class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
@@ -126,8 +132,8 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
     # ------------------------------------------------------------------ out-of-band work (scoring)
 
     def call(self, work: Callable[[_Slot], Any], tokens: list[int] | None = None, timeout: float | None = None) -> Any:
-        """Run ``work(slot)`` in the loop thread between steps, on the free slot that shares the
-        longest prefix with ``tokens`` (least recently used without); its result."""
+        """Run ``work(slot)`` in the loop thread between steps, on a free slot chosen as for a
+        prompt of ``tokens`` (:meth:`_free_slot`); its result."""
         future: Future[Any] = Future()
         with self._cond:
             if self._closed:
@@ -183,20 +189,25 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             token = tokens[start + i] if start + i < len(tokens) else int(logits.argmax())
             scores.append(TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z),
                                      top=top_tokens(logits, top_n, log_z)))
-        slot.used = time.perf_counter()
         return scores[:-1], scores[-1]
 
     # ------------------------------------------------------------------ slots
 
     def _free_slot(self, prompt: list[int] | None) -> _Slot | None:
-        """The free slot sharing the longest prefix with ``prompt``, least recently used on a tie."""
+        """The free slot for ``prompt``: the one sharing the longest prefix with it among the
+        slots up to the highest busy one (or the lowest free slot), the lowest on a tie; a slot
+        beyond them only when its prefix saves :data:`SLOT_REUSE_MIN_TOKENS` more tokens."""
         free = [s for s in self.slots if not s.busy]
         if not free:
             return None
         if not prompt:
-            return min(free, key=lambda s: s.used)
+            return free[0]
         arr = np.asarray(prompt, dtype=np.intc)
-        return max(free, key=lambda s: (common_prefix_len_np(np.asarray(s.tokens, dtype=np.intc), arr), -s.used))
+        shared = {s.index: common_prefix_len_np(np.asarray(s.tokens, dtype=np.intc), arr) for s in free}
+        span = max([free[0].index, *(s.index for s in self.slots if s.busy)])
+        inside = max((s for s in free if s.index <= span), key=lambda s: (shared[s.index], -s.index))
+        outside = max(free, key=lambda s: (shared[s.index], -s.index))
+        return outside if shared[outside.index] - shared[inside.index] >= SLOT_REUSE_MIN_TOKENS else inside
 
     def _reuse(self, slot: _Slot, prompt: list[int]) -> int:
         """Keep the part of ``slot``'s KV that ``prompt`` starts with (at least one prompt token is
@@ -231,7 +242,6 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         if slot is None:
             return
         slot.busy = False
-        slot.used = time.perf_counter()
         if error is not None:  # after a failure the stream's cells are not trusted: keep nothing
             self._forget(slot)
 
