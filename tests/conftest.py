@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,6 +18,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 SMOLLM2 = "smollm2-135m-instruct-q4"
 QWEN05 = "qwen2.5-coder-0.5b-instruct-q4"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_garbage_per_module() -> Iterator[None]:
+    """Collect garbage as each module ends, so a client or socket a module left open fails that
+    module (warnings are errors), not whichever later test the collector happens to run in."""
+    yield
+    gc.collect()
 
 
 @pytest.fixture(scope="session")

@@ -31,8 +31,21 @@ def scoring_server(smollm2_path: Path) -> Iterator[tuple[str, Any]]:
         yield served
 
 
+_clients: list[Any] = []
+
+
 def api(url: str) -> Any:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    """An openai client for ``url``, closed when the module ends (:func:`_close_clients`)."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    _clients.append(client)
+    return client
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.pop().close()
 
 
 def test_token_ids_are_scored_and_the_greedy_token_follows(scoring_server: tuple[str, Any]) -> None:

@@ -5,6 +5,7 @@ client falling back in the middle of a streamed call."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,13 +21,6 @@ from faults import ScriptedServer, ServeProcess, sse_reply
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("fastapi")
-# litellm and the Agents SDK keep pooled HTTP clients of their own that this module cannot close;
-# when the garbage collector finds one, its socket must not fail whichever test runs then
-pytestmark = [
-    pytest.mark.filterwarnings("ignore:Exception ignored in. <socket.socket:pytest.PytestUnraisableExceptionWarning"),
-    pytest.mark.filterwarnings("ignore:Exception ignored in. <function _SelectorTransport.__del__:"
-                               "pytest.PytestUnraisableExceptionWarning"),
-]
 
 QWEN = "qwen2.5-coder-0.5b-instruct-q4"
 KEY = "sk-test"
@@ -149,14 +143,16 @@ def test_langchain_bind_tools_invoke_and_stream(qwen_server: ServeProcess) -> No
         return "sunny"
 
     bound = llm.bind_tools([get_weather])
-    reply = bound.invoke("What's the weather in Rome?")
-    assert [c["name"] for c in reply.tool_calls] == ["get_weather"] and reply.tool_calls[0]["args"]["city"]
     merged = None
-    for part in bound.stream("What's the weather in Rome?"):
-        merged = part if merged is None else merged + part
+    try:
+        reply = bound.invoke("What's the weather in Rome?")
+        for part in bound.stream("What's the weather in Rome?"):
+            merged = part if merged is None else merged + part
+        forced = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Hello there")
+    finally:
+        llm.root_client.close()
+    assert [c["name"] for c in reply.tool_calls] == ["get_weather"] and reply.tool_calls[0]["args"]["city"]
     assert merged is not None and [c["name"] for c in merged.tool_calls] == ["get_weather"]
-    forced = llm.bind_tools([get_weather], tool_choice="get_weather").invoke("Hello there")
-    llm.root_client.close()
     assert [c["name"] for c in forced.tool_calls] == ["get_weather"]
 
 
@@ -164,9 +160,13 @@ def test_langchain_bind_tools_invoke_and_stream(qwen_server: ServeProcess) -> No
 def test_litellm_with_tools(qwen_server: ServeProcess, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     litellm = pytest.importorskip("litellm")
-    reply = litellm.completion(model=f"openai/{QWEN}", api_base=f"{qwen_server.url}/v1", api_key=KEY,
-                               messages=[{"role": "user", "content": "Weather in Oslo, in fahrenheit?"}],
-                               tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80)
+    import openai
+
+    # litellm would pool a client of its own that nothing closes; it takes the caller's instead
+    with openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0) as client:
+        reply = litellm.completion(model=f"openai/{QWEN}", api_base=f"{qwen_server.url}/v1", api_key=KEY, client=client,
+                                   messages=[{"role": "user", "content": "Weather in Oslo, in fahrenheit?"}],
+                                   tools=[WEATHER], tool_choice="required", temperature=0, max_tokens=80)
     call = reply.choices[0].message.tool_calls[0]
     assert call.function.name == "get_weather" and valid(call)["city"]
 
@@ -183,13 +183,18 @@ def test_openai_agents_sdk_runs_a_function_tool(qwen_server: ServeProcess) -> No
         seen.append(city)
         return f"It is 18 C and sunny in {city}."
 
-    model = agents.OpenAIChatCompletionsModel(
-        model=QWEN, openai_client=openai.AsyncOpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0))
-    agent = agents.Agent(name="weather", instructions="Use your tools to answer.", model=model, tools=[get_weather],
-                         model_settings=agents.ModelSettings(temperature=0, max_tokens=80),
-                         tool_use_behavior="stop_on_first_tool")
+    async def run() -> Any:
+        # the client is opened and closed on the loop that runs the agent (Runner.run_sync would
+        # leave its own loop and the client's pooled connection open)
+        async with openai.AsyncOpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0) as client:
+            model = agents.OpenAIChatCompletionsModel(model=QWEN, openai_client=client)
+            agent = agents.Agent(name="weather", instructions="Use your tools to answer.", model=model,
+                                 tools=[get_weather], model_settings=agents.ModelSettings(temperature=0, max_tokens=80),
+                                 tool_use_behavior="stop_on_first_tool")
+            return await agents.Runner.run(agent, "What's the weather in Madrid?", max_turns=3)
+
     agents.set_tracing_disabled(True)
-    result = agents.Runner.run_sync(agent, "What's the weather in Madrid?", max_turns=3)
+    result = asyncio.run(run())
     assert seen and "Madrid" in seen[0] and result.final_output == f"It is 18 C and sunny in {seen[0]}."
 
 

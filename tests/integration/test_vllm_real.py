@@ -110,9 +110,8 @@ def test_the_openai_client_plain_and_streamed(vllm_url: str) -> None:
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == reply.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == reply.usage.completion_tokens
-    with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="wrong").chat.completions.create(
-            model=MODEL, messages=QUESTION, max_tokens=4)
+    with openai.OpenAI(base_url=f"{vllm_url}/v1", api_key="wrong") as wrong, pytest.raises(openai.AuthenticationError):
+        wrong.chat.completions.create(model=MODEL, messages=QUESTION, max_tokens=4)
 
 
 def test_continue_final_message_continues_a_partial_answer(vllm_url: str) -> None:
