@@ -4,6 +4,8 @@ streamed, with the fields those clients add."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from faults import ServeProcess
@@ -32,9 +34,7 @@ def test_langchain_invoke_and_stream(server: ServeProcess) -> None:
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # litellm's own pydantic models warn on import
-def test_litellm_completion_plain_and_streamed(server: ServeProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no fetch from the internet
-    litellm = pytest.importorskip("litellm")
+def test_litellm_completion_plain_and_streamed(server: ServeProcess, litellm: Any) -> None:
     import openai
 
     # litellm would pool a client of its own that nothing closes; it takes the caller's instead

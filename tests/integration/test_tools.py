@@ -157,9 +157,7 @@ def test_langchain_bind_tools_invoke_and_stream(qwen_server: ServeProcess) -> No
 
 
 @pytest.mark.filterwarnings("ignore::UserWarning")  # litellm's own pydantic models warn on import
-def test_litellm_with_tools(qwen_server: ServeProcess, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
-    litellm = pytest.importorskip("litellm")
+def test_litellm_with_tools(qwen_server: ServeProcess, litellm: Any) -> None:
     import openai
 
     # litellm would pool a client of its own that nothing closes; it takes the caller's instead
