@@ -53,6 +53,9 @@ def test_ctrl_c_stops_the_answer_not_the_program(smollm2_path: Path) -> None:
         [*EDGECLOUD, "chat", "--model", str(smollm2_path), "--max-tokens", "2000", "--temperature", "0.8"],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        # a terminal's Ctrl-C, also where the tests run in the background (which ignores SIGINT, and
+        # a child inherits that)
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert proc.stdin is not None and proc.stdout is not None
     proc.stdin.write("Write a very long story about a dragon.\n")
