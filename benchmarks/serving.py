@@ -1,6 +1,6 @@
 """Every serving engine on the same prompts in one run: tokens/s, TTFT, inter-token latency, memory.
 
-Engines (each a real server process on 127.0.0.1, started, measured and stopped in turn):
+Engines (each a real server process on 127.0.0.1):
 
 - ``llamacpp``: ``edgecloud serve --engine llamacpp`` (the GGUF's own INT4 weights, continuous batching);
 - ``torch-bf16`` / ``torch-fp32``: ``edgecloud serve --engine torch --quant bf16|fp32``;
@@ -9,26 +9,31 @@ Engines (each a real server process on 127.0.0.1, started, measured and stopped 
 - ``vllm-launcher``: ``edgecloud serve --engine vllm --quant bf16`` (the launcher's overhead is
   ``vllm-launcher`` against ``vllm-bf16``; the launcher is not in the data path).
 
-With ``--rounds 2`` the list runs twice, the second time in reverse, and the best run per level
-is kept: the shared machine drifts over the half hour a run takes (measured: the same vLLM
-server 20 % faster when it ran first than when it ran second, in either order).
+The machine drifts by tens of per cent over the half hour a run takes (measured: the same vLLM
+server at 91 tokens/s in one round and 69 in the next), so engines measured one after the
+other carry that drift. ``--interleave`` (what the README's figures use) starts every listed
+engine at once and has them take turns run by run, the order rotating each repeat: the drift
+then weighs on all of them alike. They must fit in memory together (vLLM takes about 10 GB:
+pair ``vllm-bf16`` with one other vLLM at most, or lower ``VLLM_CPU_KVCACHE_SPACE``). Without
+it, ``--rounds 2`` runs the list twice, the second time in reverse.
 
 For each engine and each concurrency level (``--concurrency``, default 1, 8 and 16): that many
 streamed chat requests at once, greedy, ``--tokens`` new tokens each (``ignore_eos``), every
 request with a prompt of its own (no exact prompt repeats in a run: prefix caches see the
-shared chat template only). Levels run ``--repeats`` times; the best aggregate run is kept
-(the machine is shared and noisy; the JSON has every run). Reported per level: aggregate
-tokens/s (all completion tokens over the wall time from the first request to the last token),
-tokens/s of one stream (median), TTFT p50/p99, inter-token latency p50/p99; per engine:
-start-up seconds and the peak memory of the server's process tree over its whole life (RSS,
-and PSS, which counts shared pages once), sampled every 0.25 s.
+shared chat template only). Levels run ``--repeats`` times (the JSON has every run, their
+median and the best). Reported per level: aggregate tokens/s (all completion tokens over the
+wall time from the first request to the last token), tokens/s of one stream (median), TTFT
+p50/p99, inter-token latency p50/p99 (of the best run); per engine: start-up seconds and the
+peak memory of the server's process tree over its whole life (RSS, and PSS, which counts
+shared pages once), sampled every 0.25 s.
 
-Ratios against ``vllm-bf16`` (when it ran) are under ``ratios``, with the issue's targets under
-``targets``. Prints a table and the JSON; writes ``benchmarks/results/serving.json`` and
+Ratios against ``vllm-bf16`` (when it ran; medians of runs) are under ``ratios``, with the
+issue's targets under ``targets``. Prints a table and the JSON; writes ``benchmarks/results/serving.json`` and
 ``serving.png`` (aggregate tokens/s against concurrency).
 
     python benchmarks/serving.py [--model NAME] [--engines llamacpp,torch-bf16,vllm-bf16,vllm-launcher]
                                  [--concurrency 1,8,16] [--tokens 64] [--repeats 2] [--vllm-python PATH]
+                                 [--interleave] [--rounds N] [--out FILE]
 """
 
 from __future__ import annotations
@@ -228,61 +233,131 @@ def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float) -> fl
     raise RuntimeError(f"the server did not become healthy within {timeout:.0f} s")
 
 
-def run_engine(engine: Engine, levels: list[int], tokens: int, repeats: int, log: Path) -> dict[str, Any]:
-    """Start ``engine``, warm it up, measure every level ``repeats`` times, stop it."""
-    port = next(engine.argv[i + 1] for i, a in enumerate(engine.argv) if a == "--port")
-    url = f"http://127.0.0.1:{port}"
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(engine.argv, env=engine.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    watch = MemoryWatch(proc.pid)
-    report: dict[str, Any] = {"command": " ".join(engine.argv[1:8]) + " ..."}
-    try:
-        report["startup_s"] = round(_wait_healthy(proc, url, engine.startup_timeout), 1)
-        asyncio.run(measure_level(url, engine.model, ["Say hello.", "Name a colour."], 8))  # warm-up (compiles, caches)
-        cursor = 0
-        for level in levels:
-            runs = []
-            for _ in range(repeats):
-                prompts = [PROMPTS[(cursor + i) % len(PROMPTS)] for i in range(level)]
-                cursor += level
-                runs.append(asyncio.run(measure_level(url, engine.model, prompts, tokens)))
-            best = max(runs, key=lambda r: r["tokens_per_s"])
-            report[str(level)] = {**best, "runs_tokens_per_s": [r["tokens_per_s"] for r in runs]}
-            print(f"serving: {engine.name} c={level}: {best['tokens_per_s']} tok/s (runs {[r['tokens_per_s'] for r in runs]}), "
-                  f"TTFT p50 {best['ttft_p50_s']} s", file=sys.stderr, flush=True)
-    except Exception as exc:  # noqa: BLE001 - one engine failing must not lose the others' figures
-        report["error"] = f"{type(exc).__name__}: {exc} (log: {log})"
-        print(f"serving: {engine.name} failed: {report['error']}", file=sys.stderr, flush=True)
-    finally:
-        report.update(watch.stop())
+class Running:
+    """A started, warmed-up server: its process, memory watch and URL (:meth:`start`, :meth:`stop`)."""
+
+    def __init__(self, engine: Engine, log: Path) -> None:
+        self.engine = engine
+        self.log = log
+        port = next(engine.argv[i + 1] for i, a in enumerate(engine.argv) if a == "--port")
+        self.url = f"http://127.0.0.1:{port}"
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(engine.argv, env=engine.env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+        self.watch = MemoryWatch(self.proc.pid)
+        self.report: dict[str, Any] = {"command": " ".join(engine.argv[1:8]) + " ..."}
+        #: Prompts handed out so far (every request of a run gets one of its own).
+        self.cursor = 0
+
+    @classmethod
+    def start(cls, engine: Engine, log: Path) -> Running | None:
+        """Start ``engine`` and warm it up; None (with the error in its report, printed) if it fails."""
+        running = cls(engine, log)
         try:
-            os.killpg(proc.pid, 15)
-            proc.wait(timeout=60)
+            running.report["startup_s"] = round(_wait_healthy(running.proc, running.url, engine.startup_timeout), 1)
+            asyncio.run(measure_level(running.url, engine.model, ["Say hello.", "Name a colour."], 8))  # compiles, caches
+        except Exception as exc:  # noqa: BLE001 - one engine failing must not lose the others' figures
+            running.fail(exc)
+            return None
+        return running
+
+    def measure(self, level: int, tokens: int) -> bool:
+        """One run of ``level`` concurrent streams, added to the report; False if the engine failed."""
+        prompts = [PROMPTS[(self.cursor + i) % len(PROMPTS)] for i in range(level)]
+        self.cursor += level
+        try:
+            run = asyncio.run(measure_level(self.url, self.engine.model, prompts, tokens))
+        except Exception as exc:  # noqa: BLE001
+            self.fail(exc)
+            return False
+        self.report.setdefault("runs", {}).setdefault(str(level), []).append(run)
+        print(f"serving: {self.engine.name} c={level}: {run['tokens_per_s']} tok/s, TTFT p50 {run['ttft_p50_s']} s",
+              file=sys.stderr, flush=True)
+        return True
+
+    def fail(self, exc: Exception) -> None:
+        self.report["error"] = f"{type(exc).__name__}: {exc} (log: {self.log})"
+        print(f"serving: {self.engine.name} failed: {self.report['error']}", file=sys.stderr, flush=True)
+
+    def stop(self) -> dict[str, Any]:
+        """Stop the server; its report: per level the best run, every run's tokens/s and their median."""
+        self.report.update(self.watch.stop())
+        try:
+            os.killpg(self.proc.pid, 15)
+            self.proc.wait(timeout=60)
         except (ProcessLookupError, subprocess.TimeoutExpired):
-            os.killpg(proc.pid, 9)
-    return report
+            os.killpg(self.proc.pid, 9)
+        return summarise(self.report)
+
+
+def summarise(report: dict[str, Any]) -> dict[str, Any]:
+    """``report`` with its ``runs`` folded into one entry per level (see :meth:`Running.stop`)."""
+    out = {k: v for k, v in report.items() if k != "runs"}
+    for level, runs in report.get("runs", {}).items():
+        best = max(runs, key=lambda r: r["tokens_per_s"])
+        speeds = [r["tokens_per_s"] for r in runs]
+        out[level] = {**best, "runs_tokens_per_s": speeds, "median_tokens_per_s": round(statistics.median(speeds), 2)}
+    return out
+
+
+def run_engine(engine: Engine, levels: list[int], tokens: int, repeats: int, log: Path) -> dict[str, Any]:
+    """Start ``engine``, measure every level ``repeats`` times, stop it."""
+    running = Running.start(engine, log)
+    if running is None:
+        return {}
+    for level in levels:
+        for _ in range(repeats):
+            if not running.measure(level, tokens):
+                return running.stop()
+    return running.stop()
+
+
+def run_interleaved(engines: list[Engine], levels: list[int], tokens: int, repeats: int, logs: Path) -> dict[str, Any]:
+    """Every engine started at once, then each run of each level taken in turn by every engine,
+    the order rotating: a machine that drifts weighs on all of them alike (they must fit in
+    memory together)."""
+    started = [r for r in (Running.start(e, logs / f"{e.name}.log") for e in engines) if r is not None]
+    try:
+        for repeat in range(repeats):
+            for level in levels:
+                order = started[repeat % len(started):] + started[: repeat % len(started)] if started else []
+                for running in order:
+                    if "error" not in running.report:
+                        running.measure(level, tokens)
+    finally:
+        reports = {r.engine.name: r.stop() for r in started}
+    return reports
+
+
+def speed(engine: dict[str, Any], level: int) -> float:
+    """An engine's tokens/s at ``level`` for the ratios: the median of its runs (the best run of
+    each where an older result has no median)."""
+    entry = engine[str(level)]
+    return float(entry.get("median_tokens_per_s", entry["tokens_per_s"]))
 
 
 def ratios(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The issue's figures as ratios against vLLM CPU bf16 measured in this run."""
+    """The issue's figures as ratios against vLLM CPU bf16 measured in this run (medians of runs)."""
     vllm = engines.get("vllm-bf16")
     if not vllm or "8" not in vllm:
         return {}
     ours = {n: e for n, e in engines.items() if not n.startswith("vllm") and "8" in e}
     if not ours:
         return launcher_overhead(engines)
-    best = max(ours, key=lambda n: ours[n]["8"]["tokens_per_s"])
+    best = max(ours, key=lambda n: speed(ours[n], 8))
     out: dict[str, Any] = {
         "best_engine_at_8": best,
-        "best_8_streams_vs_vllm_bf16": round(ours[best]["8"]["tokens_per_s"] / vllm["8"]["tokens_per_s"], 3),
+        "best_8_streams_vs_vllm_bf16": round(speed(ours[best], 8) / speed(vllm, 8), 3),
         "best_peak_memory_vs_vllm_bf16": round(ours[best]["peak_rss_gb"] / vllm["peak_rss_gb"], 3),
-        "best_1_stream_vs_vllm_bf16": round(ours[best]["1"]["tokens_per_s"] / vllm["1"]["tokens_per_s"], 3)
+        "best_1_stream_vs_vllm_bf16": round(speed(ours[best], 1) / speed(vllm, 1), 3)
         if "1" in ours[best] and "1" in vllm else None,
     }
     for name, engine in ours.items():
-        out[f"{name}_8_streams_vs_vllm_bf16"] = round(engine["8"]["tokens_per_s"] / vllm["8"]["tokens_per_s"], 3)
-        out[f"{name}_1_stream_vs_vllm_bf16"] = round(engine["1"]["tokens_per_s"] / vllm["1"]["tokens_per_s"], 3) \
+        out[f"{name}_8_streams_vs_vllm_bf16"] = round(speed(engine, 8) / speed(vllm, 8), 3)
+        out[f"{name}_1_stream_vs_vllm_bf16"] = round(speed(engine, 1) / speed(vllm, 1), 3) \
             if "1" in engine and "1" in vllm else None
+        out[f"{name}_16_streams_vs_vllm_bf16"] = round(speed(engine, 16) / speed(vllm, 16), 3) \
+            if "16" in engine and "16" in vllm else None
         out[f"{name}_peak_memory_vs_vllm_bf16"] = round(engine["peak_rss_gb"] / vllm["peak_rss_gb"], 3)
     out.update(launcher_overhead(engines))
     return out
@@ -311,7 +386,7 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any], levels: list[int]) ->
         if level in new:
             runs = old.get(level, {}).get("runs_tokens_per_s", []) + new[level]["runs_tokens_per_s"]
             best = new[level] if new[level]["tokens_per_s"] > old.get(level, {}).get("tokens_per_s", -1) else old[level]
-            out[level] = {**best, "runs_tokens_per_s": runs}
+            out[level] = {**best, "runs_tokens_per_s": runs, "median_tokens_per_s": round(statistics.median(runs), 2)}
     for key in ("peak_rss_gb", "peak_pss_gb"):
         out[key] = max(old.get(key, 0), new.get(key, 0))
     if "error" in new:
@@ -351,6 +426,8 @@ def main() -> None:
     parser.add_argument("--vllm-python", default=None, help="the Python that has vLLM (default: $EDGECLOUD_VLLM_PYTHON or this one)")
     parser.add_argument("--rounds", type=int, default=1,
                         help="run the engine list this many times, every other round reversed (A B B A), best run per level kept")
+    parser.add_argument("--interleave", action="store_true",
+                        help="start every engine at once and take turns run by run (they must fit in memory together)")
     parser.add_argument("--out", type=Path, default=RESULTS, help="the JSON to write (the PNG goes beside it)")
     args = parser.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
@@ -372,8 +449,11 @@ def main() -> None:
     logs = RESULTS.parent / "serving-logs"
     logs.mkdir(parents=True, exist_ok=True)
     report["rounds"] = args.rounds
+    report["interleaved"] = args.interleave
     with bench_lock():
-        for round_ in range(args.rounds):
+        if args.interleave:
+            report["engines"] = run_interleaved(engines, levels, args.tokens, args.repeats * args.rounds, logs)
+        for round_ in range(0 if args.interleave else args.rounds):
             # every other round in reverse: this machine drifts by tens of per cent over half an
             # hour, and an engine measured always first (or last) would carry that drift
             for engine in engines if round_ % 2 == 0 else engines[::-1]:
