@@ -24,8 +24,8 @@ shared chat template only). Levels run ``--repeats`` times (the JSON has every r
 median and the best). Reported per level: aggregate tokens/s (all completion tokens over the
 wall time from the first request to the last token), tokens/s of one stream (median), TTFT
 p50/p99, inter-token latency p50/p99 (of the best run); per engine: start-up seconds and the
-peak memory of the server's process tree over its whole life (RSS, and PSS, which counts
-shared pages once), sampled every 0.25 s.
+peak memory of the server's process tree over its whole life (RSS every 0.25 s; PSS, which
+counts shared pages once, every 10 s: reading it costs a core's worth at vLLM's size).
 
 Ratios against ``vllm-bf16`` (when it ran; medians of runs) are under ``ratios``, with the
 issue's targets under ``targets``. Prints a table and the JSON; writes ``benchmarks/results/serving.json`` and
@@ -135,31 +135,50 @@ def build_engines(names: list[str], model: str, *, ctx: int, max_batch: int, vll
 
 
 class MemoryWatch:
-    """Peak RSS and PSS of a process and all its descendants, sampled on a thread."""
+    """Peak RSS and PSS of a process and all its descendants, sampled on a thread.
 
-    def __init__(self, pid: int, every: float = 0.25) -> None:
+    RSS comes from ``/proc/PID/statm`` every ``every`` seconds (cheap); PSS needs the kernel to
+    walk the page tables (``smaps_rollup``), which for vLLM's 10 GB took most of a core at four
+    samples a second (perturbing the very servers being measured), so it is sampled every
+    ``pss_every`` seconds only, and the process tree is listed again every 2 s.
+    """
+
+    def __init__(self, pid: int, every: float = 0.25, pss_every: float = 10.0) -> None:
         self.root = psutil.Process(pid)
-        self.every = every
+        self.every, self.pss_every = every, pss_every
         self.peak_rss = self.peak_pss = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
+    def _tree(self) -> list[psutil.Process]:
+        return [self.root, *self.root.children(recursive=True)]
+
     def _run(self) -> None:
+        listed = pss_at = 0.0
+        procs: list[psutil.Process] = []
         while not self._stop.is_set():
-            rss = pss = 0
+            now = time.monotonic()
             try:
-                procs = [self.root, *self.root.children(recursive=True)]
+                if now - listed >= 2.0:
+                    procs, listed = self._tree(), now
             except psutil.Error:
                 return
+            rss = pss = 0
+            full = now - pss_at >= self.pss_every
             for proc in procs:
                 try:
-                    info = proc.memory_full_info()
+                    if full:
+                        info = proc.memory_full_info()
+                        pss += getattr(info, "pss", info.rss)
+                    else:
+                        info = proc.memory_info()
                     rss += info.rss
-                    pss += getattr(info, "pss", info.rss)
                 except psutil.Error:
                     continue
-            self.peak_rss, self.peak_pss = max(self.peak_rss, rss), max(self.peak_pss, pss)
+            self.peak_rss = max(self.peak_rss, rss)
+            if full:
+                self.peak_pss, pss_at = max(self.peak_pss, pss), now
             self._stop.wait(self.every)
 
     def stop(self) -> dict[str, float]:
