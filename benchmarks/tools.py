@@ -17,8 +17,12 @@ Figures per model and setting:
   ``argument_accuracy``: of the right calls, those whose arguments hold the expected values
   (a subset, strings compared case-insensitively); ``follow_up_accuracy``: answers after a
   tool result that use it;
-- ``tokens_per_s`` over every case; ``constrained_overhead``: 1 - on/off tokens/s, also with
-  ``tool_choice: "required"`` (the grammar active from the first token) on the call cases.
+- ``tokens_per_s`` over every case, end to end (prompt evaluation included: a tool prompt is
+  long and a call short, so this is mostly prefill); ``decode_tokens_per_s`` from the first
+  chunk (after the prompt) to the last; ``start_ms``: mean time to that first chunk (the
+  grammar's set-up and the prompt); ``constrained_overhead``: 1 - on/off decode tokens/s, also
+  with ``tool_choice: "required"`` (the grammar active from the first token) on the call cases
+  and for the ``json_schema`` answers, and the set-up it adds (``start_ms_added``).
 
 Run: ``python benchmarks/tools.py`` (both models; ``--models`` to choose, ``--limit`` for a
 quick look). Writes ``benchmarks/results/tools.json`` and prints it.
@@ -41,7 +45,7 @@ from _common import bench_lock, model_path  # noqa: E402
 import jsonschema  # noqa: E402
 
 from edgecloud.edge.llamacpp import LlamaCppBackend  # noqa: E402
-from edgecloud.types import ChatRequest, collect_chunks  # noqa: E402
+from edgecloud.types import ChatCompletion, ChatRequest, collect_chunks  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "tools.json"
 RESULTS = Path(__file__).parent / "results" / "tools.json"
@@ -80,14 +84,29 @@ def tool_list(data: dict[str, Any], names: list[str]) -> list[dict[str, Any]]:
     return [{"type": "function", "function": {"name": n, **data["tools"][n]}} for n in names]
 
 
+def timed(edge: LlamaCppBackend, request: ChatRequest) -> tuple[ChatCompletion, dict[str, float]]:
+    """The answer, with its seconds in all, to its first chunk (the runtime yields it once the
+    prompt is evaluated: sampler and grammar set up, prefill done) and from there to the end."""
+    stamps: list[float] = []
+
+    def stamped() -> Iterator[Any]:
+        for chunk in edge.stream(request):
+            stamps.append(time.perf_counter())
+            yield chunk
+
+    started = time.perf_counter()
+    answer = collect_chunks(stamped())
+    ended = time.perf_counter()
+    return answer, {"seconds": ended - started, "start_seconds": stamps[0] - started,
+                    "decode_seconds": ended - stamps[0]}
+
+
 def run_case(edge: LlamaCppBackend, data: dict[str, Any], case: dict[str, Any], max_tokens: int,
              choice: str = "auto") -> dict[str, Any]:
     messages = [{"role": "user", "content": case["prompt"]}, *case.get("history", [])]
     request = ChatRequest(messages=messages, tools=tool_list(data, case["tools"]), tool_choice=choice,
                           temperature=0, max_tokens=max_tokens)
-    started = time.perf_counter()
-    answer = collect_chunks(edge.stream(request))
-    seconds = time.perf_counter() - started
+    answer, times = timed(edge, request)
     message = answer.choices[0].message
     calls = message.tool_calls or []
     valid = 0
@@ -109,7 +128,7 @@ def run_case(edge: LlamaCppBackend, data: dict[str, Any], case: dict[str, Any], 
     if "_text_contains" in case["args"]:
         uses_result = case["args"]["_text_contains"].lower() in (message.content or "").lower()
     return {"calls": len(calls), "valid_calls": valid, "selected": selected, "args_ok": args_ok,
-            "uses_result": uses_result, "tokens": answer.usage.completion_tokens, "seconds": seconds,
+            "uses_result": uses_result, "tokens": answer.usage.completion_tokens, **times,
             "prompt_tokens": answer.usage.prompt_tokens}
 
 
@@ -120,9 +139,7 @@ def run_structured(edge: LlamaCppBackend, item: dict[str, Any], max_tokens: int)
         {"role": "user", "content": item["prompt"]}],
         response_format={"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}},
         temperature=0, max_tokens=max_tokens)
-    started = time.perf_counter()
-    answer = collect_chunks(edge.stream(request))
-    seconds = time.perf_counter() - started
+    answer, times = timed(edge, request)
     text = answer.text.strip().removeprefix("```json").removesuffix("```").strip()
     try:
         jsonschema.validate(json.loads(text), schema)
@@ -130,11 +147,25 @@ def run_structured(edge: LlamaCppBackend, item: dict[str, Any], max_tokens: int)
     except (ValueError, jsonschema.ValidationError):
         ok = False
     return {"valid": ok, "finished": answer.choices[0].finish_reason == "stop",
-            "tokens": answer.usage.completion_tokens, "seconds": seconds}
+            "tokens": answer.usage.completion_tokens, **times}
 
 
 def ratio(part: int, whole: int) -> float | None:
     return round(part / whole, 4) if whole else None
+
+
+def speeds(rows: list[dict[str, Any]], prefix: str = "") -> dict[str, Any]:
+    """End-to-end and decode tokens/s of ``rows``, and their mean time to the first chunk."""
+    tokens = sum(r["tokens"] for r in rows)
+    # the first token comes with the first chunk: the decode rate counts the rest
+    decoded = sum(max(0, r["tokens"] - 1) for r in rows)
+    seconds = sum(r["seconds"] for r in rows)
+    decode_seconds = sum(r["decode_seconds"] for r in rows)
+    return {
+        f"{prefix}tokens_per_s": round(tokens / seconds, 2) if seconds else None,
+        f"{prefix}decode_tokens_per_s": round(decoded / decode_seconds, 2) if decode_seconds else None,
+        f"{prefix}start_ms": round(1000 * sum(r["start_seconds"] for r in rows) / len(rows), 1) if rows else None,
+    }
 
 
 def summarise(rows: list[dict[str, Any]], cases: list[dict[str, Any]], structured: list[dict[str, Any]]) -> dict[str, Any]:
@@ -144,7 +175,6 @@ def summarise(rows: list[dict[str, Any]], cases: list[dict[str, Any]], structure
     by_kind: dict[str, list[bool]] = {}
     for case, row in zip(cases, rows):
         by_kind.setdefault(case["kind"], []).append(bool(row["selected"]))
-    tokens, seconds = sum(r["tokens"] for r in rows), sum(r["seconds"] for r in rows)
     return {
         "cases": len(rows),
         "calls": calls,
@@ -158,8 +188,8 @@ def summarise(rows: list[dict[str, Any]], cases: list[dict[str, Any]], structure
         "schema_validity_of_finished": ratio(sum(s["valid"] for s in structured if s["finished"]),
                                              sum(s["finished"] for s in structured)),
         "structured_cut_by_max_tokens": sum(not s["finished"] for s in structured),
-        "tokens_per_s": round(tokens / seconds, 2) if seconds else None,
-        "structured_tokens_per_s": round(sum(s["tokens"] for s in structured) / max(1e-9, sum(s["seconds"] for s in structured)), 2),
+        **speeds(rows),
+        **speeds(structured, "structured_"),
     }
 
 
@@ -209,8 +239,7 @@ def main() -> None:
                 required = got.get("required", [])
                 summary["required_call_validity"] = ratio(sum(r["valid_calls"] for r in required),
                                                           sum(r["calls"] for r in required))
-                summary["required_tokens_per_s"] = round(sum(r["tokens"] for r in required) /
-                                                         max(1e-9, sum(r["seconds"] for r in required)), 2)
+                summary.update(speeds(required, "required_"))
                 out[f"constraints_{setting}"] = summary
                 print(f"\ntools: {name} constraints {setting}: {json.dumps(summary)}", file=sys.stderr)
             if len(settings) < 2:
@@ -220,9 +249,10 @@ def main() -> None:
                 continue
             on, off = out["constraints_on"], out["constraints_off"]
             out["constrained_overhead"] = {
-                "auto": round(1 - on["tokens_per_s"] / off["tokens_per_s"], 4),
-                "required": round(1 - on["required_tokens_per_s"] / off["required_tokens_per_s"], 4),
-                "json_schema": round(1 - on["structured_tokens_per_s"] / off["structured_tokens_per_s"], 4),
+                kind: {"decode": round(1 - on[f"{prefix}decode_tokens_per_s"] / off[f"{prefix}decode_tokens_per_s"], 4),
+                       "end_to_end": round(1 - on[f"{prefix}tokens_per_s"] / off[f"{prefix}tokens_per_s"], 4),
+                       "start_ms_added": round(on[f"{prefix}start_ms"] - off[f"{prefix}start_ms"], 1)}
+                for kind, prefix in (("auto", ""), ("required", "required_"), ("json_schema", "structured_"))
             }
             report["models"][name] = out
             args.out.parent.mkdir(parents=True, exist_ok=True)  # after each model: a long run keeps what it measured
