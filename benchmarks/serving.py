@@ -25,7 +25,9 @@ median and the best). Reported per level: aggregate tokens/s (all completion tok
 wall time from the first request to the last token), tokens/s of one stream (median), TTFT
 p50/p99, inter-token latency p50/p99 (of the best run); per engine: start-up seconds and the
 peak memory of the server's process tree over its whole life (RSS every 0.25 s; PSS, which
-counts shared pages once, every 10 s: reading it costs a core's worth at vLLM's size).
+counts shared pages once, every 10 s: reading it costs a core's worth at vLLM's size). Every
+run starts once the machine is quiet (:func:`settle`): vLLM keeps a core busy for about a second
+after its last request, which cost the engine measured after it up to 1 s of TTFT.
 
 Ratios against ``vllm-bf16`` (when it ran; medians of runs) are under ``ratios``, with the
 issue's targets under ``targets``. Prints a table and the JSON; writes ``benchmarks/results/serving.json`` and
@@ -238,6 +240,31 @@ async def measure_level(url: str, model: str, prompts: list[str], tokens: int) -
     }
 
 
+def _cpu_busy() -> tuple[int, int]:
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields) - fields[3] - fields[4], sum(fields)  # busy, total (idle and iowait are fields 3, 4)
+
+
+def settle(quiet: float = 0.15, window: float = 0.25, limit: float = 10.0) -> float:
+    """Wait until the machine is quiet (under ``quiet`` of its cores busy over ``window`` s, at
+    most ``limit`` s); the seconds waited. vLLM keeps a core busy for about a second after its
+    last request (measured: 50 % of 2 cores for 1.0 s), which took a core from whichever engine
+    ran next: the llama.cpp engine's prefill, whose threads wait on each other, then took 1.1 s
+    instead of 0.15 s."""
+    if not Path("/proc/stat").exists():
+        return 0.0
+    started = time.monotonic()
+    busy, total = _cpu_busy()
+    while time.monotonic() - started < limit:
+        time.sleep(window)
+        busy2, total2 = _cpu_busy()
+        share = (busy2 - busy) / max(1, total2 - total)
+        busy, total = busy2, total2
+        if share < quiet:
+            break
+    return time.monotonic() - started
+
+
 def _wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -284,6 +311,7 @@ class Running:
         """One run of ``level`` concurrent streams, added to the report; False if the engine failed."""
         prompts = [PROMPTS[(self.cursor + i) % len(PROMPTS)] for i in range(level)]
         self.cursor += level
+        settle()  # the previous run's servers quiet first (vLLM polls for a second after a request)
         try:
             run = asyncio.run(measure_level(self.url, self.engine.model, prompts, tokens))
         except Exception as exc:  # noqa: BLE001
