@@ -11,13 +11,14 @@ This module owns :func:`choose_engine` and :func:`choose_precision`. The rules c
   batching, and the engine here that answers everything the API has (logprobs, penalties,
   ``logit_bias`` and scoring for the verified collaboration mode, which the torch engine lacks;
   both hold ``response_format`` and tool calls to their grammars).
-  Measured with the 0.5B model on this project's 2-core AVX-512 machine (``benchmarks/serving.py``,
-  fresh prompts, 64 tokens): one stream at 2.6x vLLM CPU bf16's tokens/s, 11 % of its peak
-  memory, ready in 2 s against 124 s; at 8 streams 0.66x vLLM, where our torch engine in bf16
-  makes 1.12x (1.24x at 16 streams) in 24 % of vLLM's memory: ``--engine torch`` for
-  batch-heavy loads. The batched INT4 kernels are compute-bound on this CPU (the 0.5B file's
-  rows are mostly q5_0, whose unpacking costs about as much per row as reading it), so INT4's
-  quarter of the bytes wins for one stream and not for eight.
+  Measured with the 0.5B model on this project's 2-core AVX-512 machine (``benchmarks/serving.py
+  --interleave``, fresh prompts, 64 tokens, medians of 4 runs): one stream at 2.2x vLLM CPU
+  bf16's tokens/s, 11 % of its peak memory, ready in 3 s against 125 s; at 8 streams 0.69x
+  vLLM, where our torch engine in bf16 makes 0.97x (0.90x at 16 streams) in 24 % of vLLM's
+  memory: ``--engine torch`` for batch-heavy loads. Eight prompts at once wait for llama.cpp's
+  prefill (about 200 tokens/s on the shipped Q4_K_M file), and its batched INT4 kernels gain
+  less from a batch than bf16 GEMMs, so INT4's quarter of the bytes wins for one stream and
+  not for eight.
 
 A GGUF model always works with the llama.cpp and torch engines; vLLM gets a converted
 checkpoint (:mod:`edgecloud.store.convert`).
