@@ -220,3 +220,30 @@ def test_penalties_change_what_greedy_decoding_repeats(server: str) -> None:
                                                    frequency_penalty=2.0, presence_penalty=1.0)
     text, less = plain.choices[0].message.content, penalised.choices[0].message.content
     assert text.lower().count("echo") > less.lower().count("echo")
+
+
+def test_logprobs_and_logit_bias_as_the_llama_cpp_engine_gives_them(server: str, qwen05_path: Path) -> None:
+    llama_cpp = pytest.importorskip("llama_cpp")
+    with openai.OpenAI(base_url=f"{server}/v1", api_key=KEY) as client:
+        plain = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=0,
+                                               logprobs=True, top_logprobs=3)
+        content = plain.choices[0].logprobs.content
+        assert "".join(t.token for t in content) == plain.choices[0].message.content
+        assert len(content) == plain.usage.completion_tokens
+        for token in content:
+            alternatives = [a.logprob for a in token.top_logprobs]
+            assert len(alternatives) == 3 and alternatives == sorted(alternatives, reverse=True)
+            # greedy: the token taken is the most likely one, with the same logprob
+            assert token.top_logprobs[0].token == token.token and abs(alternatives[0] - token.logprob) < 1e-4
+            assert token.logprob <= 0.0
+        vocab = llama_cpp.Llama(model_path=str(qwen05_path), vocab_only=True, verbose=False)
+        try:
+            first_id = vocab.tokenize(content[0].token.encode(), add_bos=False, special=False)[0]
+        finally:
+            vocab.close()
+        banned = client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=6, temperature=0,
+                                                logit_bias={str(first_id): -100})
+        assert not banned.choices[0].message.content.startswith(content[0].token)
+        with pytest.raises(openai.BadRequestError) as info:
+            client.chat.completions.create(model=MODEL, messages=HELLO, max_tokens=2, logit_bias={"99999999": 1})
+        assert info.value.param == "logit_bias"

@@ -282,10 +282,16 @@ def test_engine_behind_the_server(engine_backend: object) -> None:
         whole = oai.chat.completions.create(model="engine", messages=QUESTION, max_tokens=8, temperature=0)
         parts = oai.chat.completions.create(model="engine", messages=QUESTION, max_tokens=8, temperature=0, stream=True)
         assert "".join(c.choices[0].delta.content or "" for c in parts) == whole.choices[0].message.content
-        # an option the engine does not implement is a 400 naming it, before any 200 is sent
+        # streamed logprobs ride on the chunks that carry the text
+        scored = list(oai.chat.completions.create(model="engine", messages=QUESTION, max_tokens=8, temperature=0,
+                                                  stream=True, logprobs=True, top_logprobs=2))
+        tokens = [t for c in scored if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.content]
+        assert "".join(t.token for t in tokens) == whole.choices[0].message.content
+        assert all(len(t.top_logprobs) == 2 and t.top_logprobs[0].token == t.token for t in tokens)
+        # an option no engine implements is a 400 naming it, before any 200 is sent
         with pytest.raises(openai.BadRequestError) as info:
-            oai.chat.completions.create(model="engine", messages=QUESTION, logprobs=True, stream=True)
-        assert info.value.param == "logprobs"
+            oai.chat.completions.create(model="engine", messages=QUESTION, n=2, stream=True)
+        assert info.value.param == "n"
 
 
 def test_speculative_engine_behind_the_server(smollm2_path: Path, engine_backend: object) -> None:

@@ -39,6 +39,7 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import BackendError, BackendUnavailableError, ContextOverflowError, InvalidRequestError, RateLimitedError
 from ..observability.server_metrics import ServerMetrics
+from ..types import TokenLogprob
 from ..runtime.sampling import SamplingParams
 
 __all__ = ["BatchScheduler", "BatchSequence", "DEFAULT_MAX_BATCH", "DEFAULT_MAX_QUEUE", "in_fresh_thread"]
@@ -106,6 +107,10 @@ class BatchSequence:
         self.last_token_at = 0.0
         #: Speculation summary for the usage's ``speculative`` block, once finished (engines that speculate).
         self.spec_summary: dict[str, Any] | None = None
+        #: Alternatives per token for logprobs (None: no logprobs), set by the engine.
+        self.top_n: int | None = None
+        #: One per delivered token when ``top_n`` is set (appended before the token is handed over).
+        self.logprobs: list[TokenLogprob] = []
         self._cancelled = threading.Event()
         self._loop = loop
         self._sync_events: queue.SimpleQueue[Any] | None = None if loop else queue.SimpleQueue()

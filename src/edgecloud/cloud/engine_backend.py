@@ -11,8 +11,10 @@ Lifecycle and the streams are :class:`~edgecloud.cloud.engine_base.BatchedEngine
 A request whose prompt plus ``max_tokens`` does not fit the context fails with
 :class:`~edgecloud.errors.ContextOverflowError` before anything runs; a full waiting queue
 fails with :class:`~edgecloud.errors.RateLimitedError` (HTTP 429); structured output and tool
-calls are held to their grammar (llama.cpp's grammar engine masking the torch logits); options the engine does
-not implement (logprobs, presence/frequency penalties) fail with
+calls are held to their grammar (llama.cpp's grammar engine masking the torch logits), and
+penalties ``logit_bias`` and logprobs are applied and reported per sequence as the llama.cpp engine does (such
+sequences pick their token on the host, a token a step, without drafts); what the engine does
+not implement (scoring with ``echo``) fails with
 :class:`~edgecloud.errors.InvalidRequestError` naming the field.
 
 On a CPU with float32 weights the linear layers are switched to oneDNN's prepacked matmuls
@@ -28,7 +30,8 @@ from typing import Any
 from ..engine.model import DEFAULT_N_CTX
 from ..store.catalogue import DEFAULT_MODEL
 from ..runtime.chunks import AnswerChunks
-from ..errors import BackendUnavailableError, ConfigError, InvalidRequestError
+from ..runtime.sampling import check_logit_bias
+from ..errors import BackendUnavailableError, ConfigError
 from ..types import ChatRequest, RouteInfo
 from ..runtime.completions import CompletionRequest
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE
@@ -53,8 +56,9 @@ class TorchEngineBackend(BatchedEngineBackend):
     name = "torch-engine"
     #: ``response_format`` and tool calls are held to llama.cpp's grammar engine over the torch
     #: logits (:class:`~edgecloud.runtime.grammar_mask.GrammarMask`), the same grammars as the llama.cpp engine.
+    applies_logit_bias = True
     applies_grammar = True
-    supports_logprobs = False
+    supports_logprobs = True
     supports_seed = True
     supports_stop = True
 
@@ -163,6 +167,7 @@ class TorchEngineBackend(BatchedEngineBackend):
             max_context=self.n_ctx,
             metrics=self.metrics,
             speculator=speculator,
+            piece=lambda token: self._tokenizer.token_to_piece(token, special=False),
         )
 
     def _close_runtime(self) -> None:
@@ -183,18 +188,20 @@ class TorchEngineBackend(BatchedEngineBackend):
         scheduler = self.scheduler
         tokenizer = self._tokenizer
         if isinstance(request, ChatRequest):
-            if request.logprobs:
-                raise InvalidRequestError("logprobs is not supported by the torch engine yet; the llama.cpp engine "
-                                          "(edgecloud serve --engine llamacpp) gives them", param="logprobs")
             prompt = tokenizer.encode_request(request)
         else:
             # add_bos: llama.cpp adds the BOS token only where the model's vocabulary asks for one.
             prompt = tokenizer.encode(request.text, add_bos=True)
         params = self._params(request, prompt)
+        check_logit_bias(params, tokenizer.vocab_size)
         grammar = tokenizer.grammar_mask(params) if params.grammar is not None else None  # a bad one: 400, here
-        seq = scheduler.submit(prompt, params, loop=loop, setup=lambda s: setattr(s, "grammar", grammar))
         answer = AnswerChunks(request, self.model_name, self._route(),
                               piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog)
+
+        def setup(seq: Sequence) -> None:
+            seq.grammar, seq.top_n = grammar, answer.top_n
+
+        seq = scheduler.submit(prompt, params, loop=loop, setup=setup)
         return seq, answer, len(prompt)
 
     def _route(self) -> RouteInfo:

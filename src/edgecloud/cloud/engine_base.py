@@ -159,8 +159,11 @@ class BatchedEngineBackend(Backend):
         """Free what the engine holds besides the scheduler (tokenizer, model)."""
 
     def _push(self, seq: BatchSequence, answer: AnswerChunks, token: int) -> list[ChatCompletionChunk]:
-        """The chunks for ``seq``'s next ``token`` (an engine with logprobs hands them over here)."""
-        return answer.push(token)
+        """The chunks for ``seq``'s next ``token``, with its logprob when the request asked."""
+        if answer.top_n is None:
+            return answer.push(token)
+        index = answer.generated
+        return answer.push(token, logprob=seq.logprobs[index] if index < len(seq.logprobs) else None)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -28,7 +28,7 @@ from ..runtime.llama_cpp import physical_cores
 from ..runtime.llamacpp_sampler import make_sampler
 from ..runtime.scoring import TokenScore, check_token_ids
 from ..store.catalogue import DEFAULT_MODEL
-from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+from ..types import ChatRequest, RouteInfo
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, BatchSequence
 from .engine_base import BatchedEngineBackend
 from .llamacpp_scheduler import DEFAULT_MAX_PREFILL_TOKENS, LlamaCppScheduler, LlamaSequence
@@ -185,13 +185,6 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
                 sampler.close()
             raise
         return seq, answer, len(prompt)
-
-    def _push(self, seq: BatchSequence, answer: AnswerChunks, token: int) -> list[ChatCompletionChunk]:
-        if answer.top_n is None:
-            return answer.push(token)
-        logprobs: list[Any] = seq.logprobs  # type: ignore[attr-defined]
-        index = answer.generated
-        return answer.push(token, logprob=logprobs[index] if index < len(logprobs) else None)
 
     def _route(self) -> RouteInfo:
         return RouteInfo(target="cloud", backend=self.name,

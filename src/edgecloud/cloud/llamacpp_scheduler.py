@@ -53,7 +53,6 @@ from ..runtime.llamacpp_sampler import GreedyGrammarSampler
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.sampling import SamplingParams
 from ..runtime.scoring import TokenScore
-from ..types import TokenLogprob
 from .batching import BatchScheduler, BatchSequence
 from .speculative import Planned, SpecState, Speculator
 
@@ -78,10 +77,6 @@ class LlamaSequence(BatchSequence):
         #: Prompt tokens whose KV is in the slot.
         self.fed = 0
         self.sampler: Any = None
-        #: Alternatives per token for logprobs (None: no logprobs).
-        self.top_n: int | None = None
-        #: One per delivered token when ``top_n`` is set (appended before the token is handed over).
-        self.logprobs: list[TokenLogprob] = []
         self.spec: SpecState | None = None
 
     @property

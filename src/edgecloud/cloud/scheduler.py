@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from contextlib import AbstractContextManager
 from typing import Any
@@ -42,6 +43,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..runtime.chunks import token_logprob
 from ..runtime.prefix_cache import PrefixCache, SavedPrefix
 from ..runtime.sampling import PENALTY_LAST_N, SamplingParams
 from ..errors import BackendError
@@ -101,6 +103,7 @@ class Scheduler(BatchScheduler[Sequence]):
         max_context: int | None = None,
         metrics: ServerMetrics | None = None,
         speculator: Speculator | None = None,
+        piece: Callable[[int], bytes] | None = None,
     ) -> None:
         if max_prefill_tokens < 1:
             raise ValueError(f"max_prefill_tokens must be at least 1, got {max_prefill_tokens}")
@@ -111,6 +114,8 @@ class Scheduler(BatchScheduler[Sequence]):
         self.min_prefix = max(1, min_prefix)
         #: Speculative decoding (None: plain decoding); owned by the scheduler thread once running.
         self.speculator = speculator
+        #: A token's bytes, for logprobs (their alternatives are named by text).
+        self.piece = piece or (lambda token: b"")
         self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._start()
 
@@ -235,13 +240,23 @@ class Scheduler(BatchScheduler[Sequence]):
                 break
 
     def _constrained(self, seq: Sequence, logits: torch.Tensor) -> int:
-        """The next token with the sequence's penalties applied and its grammar (llama.cpp's) held."""
-        row = logits.float().numpy().copy()
+        """The next token with the sequence's penalties applied and its grammar (llama.cpp's)
+        held, and its logprob recorded when asked (of the model's own distribution, as llama.cpp
+        reports it)."""
+        raw = logits.float().numpy()
+        token = self._choose(seq, raw.copy())
+        if seq.top_n is not None and not (seq.params.stop_at_eog and token in self.eog_ids):
+            seq.logprobs.append(token_logprob(raw, token, seq.top_n, self.piece))
+        return token
+
+    def _choose(self, seq: Sequence, row: np.ndarray) -> int:
         params = seq.params
         if params.penalised and seq.output:
             # as llama.cpp's penalties stage: over the last PENALTY_LAST_N generated tokens
             ids, counts = np.unique(np.asarray(seq.output[-PENALTY_LAST_N:]), return_counts=True)
             row[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        for token, bias in params.logit_bias:  # after the penalties, as llama.cpp's chain orders them
+            row[token] += bias
         if seq.grammar is not None and params.greedy:
             return int(seq.grammar.greedy(row))
         masked = torch.from_numpy(seq.grammar.mask(row) if seq.grammar is not None else row)
@@ -292,5 +307,6 @@ class Scheduler(BatchScheduler[Sequence]):
 
 
 def _shaped(seq: Sequence) -> bool:
-    """Whether the sequence's next token is chosen with a grammar or penalties (one at a time, on the host)."""
-    return seq.grammar is not None or seq.params.penalised
+    """Whether the sequence's next token is chosen with a grammar, penalties or a logit bias, or reported with
+    its logprobs (one at a time, on the host)."""
+    return seq.grammar is not None or seq.params.penalised or bool(seq.params.logit_bias) or seq.top_n is not None

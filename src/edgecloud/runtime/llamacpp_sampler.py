@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError
 from .grammar_mask import GrammarMask, grammar_stage
-from .sampling import PENALTY_LAST_N, SamplingParams
+from .sampling import PENALTY_LAST_N, SamplingParams, check_logit_bias
 
 __all__ = ["GreedyGrammarSampler", "grammar_stage", "make_sampler", "needs_sampler"]
 
@@ -60,10 +60,7 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
         return GreedyGrammarSampler(lib, vocab, n_vocab, params)
     from llama_cpp._internals import LlamaSampler
 
-    bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
-    if bad is not None:
-        raise InvalidRequestError(f"logit_bias names token {bad}, outside this model's vocabulary "
-                                  f"(0..{n_vocab - 1})", param="logit_bias")
+    check_logit_bias(params, n_vocab)
     sampler = LlamaSampler()
     presence, frequency = params.presence_penalty, params.frequency_penalty
     if presence or frequency:

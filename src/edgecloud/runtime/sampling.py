@@ -18,6 +18,7 @@ __all__ = [
     "GREEDY_BELOW",
     "PENALTY_LAST_N",
     "SamplingParams",
+    "check_logit_bias",
     "sampling_params",
 ]
 
@@ -115,3 +116,12 @@ def sampling_params(
         presence_penalty=getattr(request, "presence_penalty", None) or 0.0,
         frequency_penalty=getattr(request, "frequency_penalty", None) or 0.0,
     )
+
+
+def check_logit_bias(params: SamplingParams, n_vocab: int) -> None:
+    """Refuse a ``logit_bias`` that names a token outside a vocabulary of ``n_vocab`` tokens
+    (:class:`~edgecloud.errors.InvalidRequestError` naming the field)."""
+    bad = next((t for t, _ in params.logit_bias if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise InvalidRequestError(f"logit_bias names token {bad}, outside this model's vocabulary "
+                                  f"(0..{n_vocab - 1})", param="logit_bias")
