@@ -240,28 +240,15 @@ async def measure_level(url: str, model: str, prompts: list[str], tokens: int) -
     }
 
 
-def _cpu_busy() -> tuple[int, int]:
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields) - fields[3] - fields[4], sum(fields)  # busy, total (idle and iowait are fields 3, 4)
-
-
-def settle(quiet: float = 0.15, window: float = 0.25, limit: float = 10.0) -> float:
-    """Wait until the machine is quiet (under ``quiet`` of its cores busy over ``window`` s, at
-    most ``limit`` s); the seconds waited. vLLM keeps a core busy for about a second after its
+def settle(quiet: float = 15.0, window: float = 0.25, limit: float = 10.0) -> float:
+    """Wait until the machine is quiet (under ``quiet`` per cent of its CPU busy over ``window``
+    s, at most ``limit`` s); the seconds waited. vLLM keeps a core busy for about a second after its
     last request (measured: 50 % of 2 cores for 1.0 s), which took a core from whichever engine
     ran next: the llama.cpp engine's prefill, whose threads wait on each other, then took 1.1 s
     instead of 0.15 s."""
-    if not Path("/proc/stat").exists():
-        return 0.0
     started = time.monotonic()
-    busy, total = _cpu_busy()
-    while time.monotonic() - started < limit:
-        time.sleep(window)
-        busy2, total2 = _cpu_busy()
-        share = (busy2 - busy) / max(1, total2 - total)
-        busy, total = busy2, total2
-        if share < quiet:
-            break
+    while time.monotonic() - started < limit and psutil.cpu_percent(interval=window) >= quiet:
+        pass
     return time.monotonic() - started
 
 
@@ -337,13 +324,16 @@ class Running:
         return summarise(self.report)
 
 
+def level_entry(best: dict[str, Any], speeds: list[float]) -> dict[str, Any]:
+    """One level's entry: the best run's figures, every run's tokens/s and their median."""
+    return {**best, "runs_tokens_per_s": speeds, "median_tokens_per_s": round(statistics.median(speeds), 2)}
+
+
 def summarise(report: dict[str, Any]) -> dict[str, Any]:
     """``report`` with its ``runs`` folded into one entry per level (see :meth:`Running.stop`)."""
     out = {k: v for k, v in report.items() if k != "runs"}
     for level, runs in report.get("runs", {}).items():
-        best = max(runs, key=lambda r: r["tokens_per_s"])
-        speeds = [r["tokens_per_s"] for r in runs]
-        out[level] = {**best, "runs_tokens_per_s": speeds, "median_tokens_per_s": round(statistics.median(speeds), 2)}
+        out[level] = level_entry(max(runs, key=lambda r: r["tokens_per_s"]), [r["tokens_per_s"] for r in runs])
     return out
 
 
@@ -377,10 +367,11 @@ def run_interleaved(engines: list[Engine], levels: list[int], tokens: int, repea
 
 
 def speed(engine: dict[str, Any], level: int) -> float:
-    """An engine's tokens/s at ``level`` for the ratios: the median of its runs (the best run of
-    each where an older result has no median)."""
+    """An engine's tokens/s at ``level`` for the ratios: the median of its runs (the best run
+    where an older result lists no runs)."""
     entry = engine[str(level)]
-    return float(entry.get("median_tokens_per_s", entry["tokens_per_s"]))
+    runs = entry.get("runs_tokens_per_s")
+    return float(statistics.median(runs)) if runs else float(entry["tokens_per_s"])
 
 
 def ratios(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -417,9 +408,8 @@ def launcher_overhead(engines: dict[str, dict[str, Any]]) -> dict[str, Any]:
     vllm, launcher = engines.get("vllm-bf16"), engines.get("vllm-launcher")
     if not vllm or not launcher or "8" not in vllm or "8" not in launcher:
         return {}
-    direct, launched = vllm["8"]["runs_tokens_per_s"], launcher["8"]["runs_tokens_per_s"]
     return {
-        "launcher_overhead_pct": round((1 - statistics.median(launched) / statistics.median(direct)) * 100, 2),
+        "launcher_overhead_pct": round((1 - speed(launcher, 8) / speed(vllm, 8)) * 100, 2),
         "launcher_overhead_pct_best_run": round((1 - launcher["8"]["tokens_per_s"] / vllm["8"]["tokens_per_s"]) * 100, 2),
     }
 
@@ -433,7 +423,7 @@ def merge(old: dict[str, Any] | None, new: dict[str, Any], levels: list[int]) ->
         if level in new:
             runs = old.get(level, {}).get("runs_tokens_per_s", []) + new[level]["runs_tokens_per_s"]
             best = new[level] if new[level]["tokens_per_s"] > old.get(level, {}).get("tokens_per_s", -1) else old[level]
-            out[level] = {**best, "runs_tokens_per_s": runs, "median_tokens_per_s": round(statistics.median(runs), 2)}
+            out[level] = level_entry(best, runs)
     for key in ("peak_rss_gb", "peak_pss_gb"):
         out[key] = max(old.get(key, 0), new.get(key, 0))
     if "error" in new:

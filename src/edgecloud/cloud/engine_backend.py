@@ -12,7 +12,7 @@ A request whose prompt plus ``max_tokens`` does not fit the context fails with
 :class:`~edgecloud.errors.ContextOverflowError` before anything runs; a full waiting queue
 fails with :class:`~edgecloud.errors.RateLimitedError` (HTTP 429); structured output and tool
 calls are held to their grammar (llama.cpp's grammar engine masking the torch logits), and
-penalties ``logit_bias`` and logprobs are applied and reported per sequence as the llama.cpp engine does (such
+penalties, ``logit_bias`` and logprobs are applied and reported per sequence as the llama.cpp engine does (such
 sequences pick their token on the host, a token a step, without drafts); what the engine does
 not implement (scoring with ``echo``) fails with
 :class:`~edgecloud.errors.InvalidRequestError` naming the field.

@@ -274,19 +274,18 @@ class Block(nn.Module):
         """
         a = self.args
         B = len(segments)
-        longest = max(seg.stop for seg in segments)
-        scratch = segments[0].scratch
-        if scratch is None or scratch[0].shape[1] < longest:
-            scratch = (k.new_zeros(B, longest, a.n_head_kv, a.head_dim), k.new_zeros(B, longest, a.n_head_kv, a.head_dim))
-            segments[0].scratch = scratch
-        keys, values = scratch[0][:, :longest], scratch[1][:, :longest]
+        if segments[0].scratch is None:  # the step's first layer: buffers and mask for all its layers
+            longest = max(seg.stop for seg in segments)
+            stops = torch.tensor([seg.stop for seg in segments], device=q.device)
+            mask = (torch.arange(longest, device=q.device)[None, :] < stops[:, None])[:, None, None, :]
+            segments[0].scratch = (k.new_zeros(B, longest, a.n_head_kv, a.head_dim),
+                                   k.new_zeros(B, longest, a.n_head_kv, a.head_dim), mask)
+        keys, values, mask = segments[0].scratch
         for i, seg in enumerate(segments):
             seg.cache.k[layer, seg.first] = k[i]
             seg.cache.v[layer, seg.first] = v[i]
             keys[i, : seg.stop] = seg.cache.k[layer, : seg.stop]
             values[i, : seg.stop] = seg.cache.v[layer, : seg.stop]
-        lengths = torch.tensor([seg.stop for seg in segments], device=q.device)
-        mask = (torch.arange(longest, device=q.device)[None, :] < lengths[:, None])[:, None, None, :]
         group = a.n_head // a.n_head_kv
         out = F.scaled_dot_product_attention(q.view(B, a.n_head_kv, group, a.head_dim), keys.transpose(1, 2),
                                              values.transpose(1, 2), attn_mask=mask)
@@ -302,8 +301,9 @@ class _Segment:
     first: int
     cache: KVCache
     mask: Tensor | None
-    #: Zero-padded keys and values of a decode step, shared by its layers (on the first segment).
-    scratch: tuple[Tensor, Tensor] | None = None
+    #: Zero-padded keys and values of a decode step and their length mask, shared by its layers
+    #: (on the first segment).
+    scratch: tuple[Tensor, Tensor, Tensor] | None = None
 
     @property
     def stop(self) -> int:
