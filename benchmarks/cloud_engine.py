@@ -4,7 +4,7 @@ Every figure is a ratio between two measurements taken in this run on this machi
 
 - ``batching``: 8 concurrent streams of 64 new tokens each (greedy, end-of-generation
   ignored so every stream makes exactly 64 tokens) through the continuous-batching
-  :class:`~edgecloud.cloud.scheduler.Scheduler`, aggregate tokens/s vs one stream alone, on
+  :class:`~edgecloud.serving.scheduler.Scheduler`, aggregate tokens/s vs one stream alone, on
   the 0.5B model in fp32. Measured twice: with the oneDNN-prepacked linear layers the server
   uses, and with PyTorch's default ``F.linear`` (MKL sgemm), to show which matmul path wins.
 - ``vs_transformers``: one stream (batch 1, greedy, 64 tokens, prefill included) through our
@@ -36,7 +36,7 @@ import torch
 from _common import bench_lock, model_path
 
 from edgecloud.engine import Tokenizer, Transformer, pack_linears
-from edgecloud.cloud.scheduler import SamplingParams, Scheduler
+from edgecloud.serving.scheduler import SamplingParams, Scheduler
 
 RESULTS = Path(__file__).resolve().parent / "results" / "cloud_engine.json"
 ROOT = Path(__file__).resolve().parent.parent

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from edgecloud import EdgeCloud  # noqa: E402
 from edgecloud.collab.gate import GATE_SIGNALS, signals_of  # noqa: E402
-from edgecloud.router.tasks import SUITES, grade, load_tasks  # noqa: E402
+from edgecloud.router.training.tasks import SUITES, grade, load_tasks  # noqa: E402
 from edgecloud.testing import LatencyProxy  # noqa: E402
 from faults import ServeProcess  # noqa: E402
 
@@ -185,9 +185,10 @@ def collect_signals(client: EdgeCloud, cloud: Any, task: Any, text: str) -> list
 def offline_router_and_cascade(tasks: list[Any], edge: list[dict[str, Any]], cloud: list[dict[str, Any]]) -> dict[str, Any]:
     """The request router and the buffered cascade decided from this run's answers."""
     from edgecloud.router.cascade import ConfidenceCheck, signals
-    from edgecloud.router.evaluate import apgr, router_curve
-    from edgecloud.router.scorers import LearnedScorer, load_scorer, train_scorer
-    from edgecloud.router.cascade_fit import choose_threshold, out_of_fold_p_good, row_signals
+    from edgecloud.router.training.evaluate import apgr, router_curve
+    from edgecloud.router.scorers import LearnedScorer, load_scorer
+    from edgecloud.router.training.fit import train_scorer
+    from edgecloud.router.training.cascade_fit import choose_threshold, out_of_fold_p_good, row_signals
     from edgecloud.types import ChatRequest
 
     rows = [{"suite": t.suite, "messages": t.messages, "max_tokens": t.max_tokens, "edge_pass": e["pass"],
@@ -235,8 +236,9 @@ def offline_router_and_cascade(tasks: list[Any], edge: list[dict[str, Any]], clo
 def router_report() -> dict[str, Any]:
     """The request router on all labelled outcome rows: APGR in-suite (scorer fitted on every
     suite, out-of-fold) vs leave-one-suite-out (fitted on four suites, scored on the fifth)."""
-    from edgecloud.router.evaluate import apgr, router_curve
-    from edgecloud.router.scorers import LearnedScorer, RulesScorer, out_of_fold_scores, train_scorer
+    from edgecloud.router.training.evaluate import apgr, router_curve
+    from edgecloud.router.scorers import LearnedScorer, RulesScorer
+    from edgecloud.router.training.fit import out_of_fold_scores, train_scorer
 
     rows = [json.loads(line) for line in OUTCOMES.read_text().splitlines()]
     out: dict[str, Any] = {"rows": len(rows)}
@@ -344,7 +346,7 @@ def progress(label: str, i: int, n: int) -> None:
 
 
 def run(args: argparse.Namespace, tasks: list[Any], server: ServeProcess) -> dict[str, Any]:
-    from edgecloud.cloud.client import CloudBackend
+    from edgecloud.remote.client import CloudBackend
 
     out: dict[str, Any] = {}
     answers: dict[str, list[dict[str, Any]]] = {}

@@ -86,7 +86,7 @@ def _peak_rss_kib() -> int:
 
 def child(name: str, model: Path, onnx_dir: Path | None, n_tasks: int, max_tokens: int, threads: int) -> dict[str, Any]:
     """Run one backend over the tasks in this process; returns its figures."""
-    from edgecloud.router.tasks import grade, load_tasks
+    from edgecloud.router.training.tasks import grade, load_tasks
     from edgecloud.types import ChatRequest
 
     tasks = load_tasks(["humaneval"])[:n_tasks]

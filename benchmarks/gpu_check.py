@@ -7,7 +7,7 @@ and the same model on vLLM. Exits with a message (status 2) where no CUDA GPU is
    quantize-dequantize path (exact FP8 weights, bf16 activations) and against bf16. Reported:
    the worst relative error per comparison, which layers ran natively, and the model's
    top-1 agreement / NLL change of FP8 vs bf16 (the self-check ``--quant auto`` runs).
-2. ``torch_engine``: :class:`~edgecloud.cloud.engine_backend.TorchEngineBackend` in bf16 and in
+2. ``torch_engine``: :class:`~edgecloud.serving.engine_backend.TorchEngineBackend` in bf16 and in
    FP8 on the GPU, 1 / 8 / 16 concurrent greedy streams of ``--tokens`` tokens, tokens/s.
 3. ``vllm``: where vLLM is installed, its OpenAI server on the same model (converted from the
    GGUF like ``edgecloud serve --engine vllm``), bf16 and ``--quantization fp8``, same levels
@@ -40,7 +40,7 @@ LEVELS = (1, 8, 16)
 def check_scaled_mm(path: Path) -> dict[str, Any]:
     from edgecloud.engine import Tokenizer, Transformer
     from edgecloud.engine.fp8 import FP8Linear, convertible_layers, scaled_mm_supported
-    from edgecloud.cloud.fp8_check import fp8_self_check
+    from edgecloud.serving.fp8_check import fp8_self_check
 
     model = Transformer.from_gguf(path, precision="bf16", device="cuda")
     tokenizer = Tokenizer(path)
@@ -86,7 +86,7 @@ def check_scaled_mm(path: Path) -> dict[str, Any]:
 
 
 def torch_engine(path: Path, precision: str, tokens: int) -> dict[str, Any]:
-    from edgecloud.cloud.engine_backend import TorchEngineBackend
+    from edgecloud.serving.engine_backend import TorchEngineBackend
     from edgecloud.runtime.sampling import SamplingParams
 
     backend = TorchEngineBackend(path, precision=precision, device="cuda", max_batch=max(LEVELS), n_ctx=2048)
@@ -120,8 +120,8 @@ def vllm_levels(model: str, quant: str, tokens: int) -> dict[str, Any]:
     from faults import free_port
     from serving import PROMPTS, measure_level
 
-    from edgecloud.cloud.vllm import VLLMSettings, vllm_command, vllm_environment
-    from edgecloud.cloud.vllm_launch import find_vllm, vllm_sources
+    from edgecloud.serving.vllm import VLLMSettings, vllm_command, vllm_environment
+    from edgecloud.serving.vllm_launch import find_vllm, vllm_sources
 
     install = find_vllm()
     if install is None or install.problem:

@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from _common import bench_lock  # noqa: E402
 
 from edgecloud.router.policy import RoutePolicy  # noqa: E402
-from edgecloud.router.scorers import LearnedScorer, RulesScorer, load_scorer, train_scorer  # noqa: E402
-from edgecloud.router.tasks import load_tasks  # noqa: E402
+from edgecloud.router.scorers import LearnedScorer, RulesScorer, load_scorer  # noqa: E402
+from edgecloud.router.training.fit import train_scorer  # noqa: E402
+from edgecloud.router.training.tasks import load_tasks  # noqa: E402
 
 
 def _timings(fn, requests: list, repeat: int) -> dict:  # type: ignore[no-untyped-def]

@@ -104,8 +104,8 @@ def _edgecloud(engine: str, model: str, port: int, ctx: int, max_batch: int, *ex
 
 def build_engines(names: list[str], model: str, *, ctx: int, max_batch: int, vllm_python: str | None) -> list[Engine]:
     """The servers to measure, in order (vLLM ones only when vLLM is found)."""
-    from edgecloud.cloud.vllm import VLLMSettings, vllm_command, vllm_environment
-    from edgecloud.cloud.vllm_launch import find_vllm, vllm_sources
+    from edgecloud.serving.vllm import VLLMSettings, vllm_command, vllm_environment
+    from edgecloud.serving.vllm_launch import find_vllm, vllm_sources
 
     engines: list[Engine] = []
     install = find_vllm(vllm_python) if any(n.startswith("vllm") for n in names) else None

@@ -29,8 +29,8 @@ from typing import Any
 import torch
 
 from edgecloud.engine import Tokenizer, Transformer, pack_linears
-from edgecloud.cloud.scheduler import SamplingParams, Scheduler
-from edgecloud.cloud.speculative import LlamaDraftProposer, NgramProposer, Proposer, SpecConfig, Speculator
+from edgecloud.serving.scheduler import SamplingParams, Scheduler
+from edgecloud.serving.speculative import LlamaDraftProposer, NgramProposer, Proposer, SpecConfig, Speculator
 from edgecloud.store import resolve_model
 
 PROSE = [

@@ -208,14 +208,14 @@ def running_app(app: object) -> Iterator[str]:
 def serving(engine: str, model: Any, *, n_ctx: int, api_key: str) -> Iterator[tuple[str, Any]]:
     """``(url, backend)``: the real app on loopback over the ``torch`` or the ``llamacpp`` engine
     (both batched, what ``edgecloud serve`` runs), loaded first and closed afterwards."""
-    from edgecloud.cloud.server import create_app
+    from edgecloud.serving.server import create_app
 
     if engine == "torch":
-        from edgecloud.cloud.engine_backend import TorchEngineBackend
+        from edgecloud.serving.engine_backend import TorchEngineBackend
 
         backend: Any = TorchEngineBackend(model, n_ctx=n_ctx, max_batch=4)
     else:
-        from edgecloud.cloud.llamacpp_engine import LlamaCppEngineBackend
+        from edgecloud.serving.llamacpp_engine import LlamaCppEngineBackend
 
         backend = LlamaCppEngineBackend(model, n_ctx=n_ctx, max_batch=2)
     backend.load()

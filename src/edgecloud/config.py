@@ -47,7 +47,6 @@ from pydantic_settings import (
 )
 from pydantic_settings.exceptions import SettingsError
 
-from .cloud.retry import DEFAULT_BACKOFF_S, DEFAULT_MAX_RETRIES
 from .errors import ConfigError
 from .store.catalogue import DEFAULT_MODEL
 
@@ -60,7 +59,7 @@ else:  # pragma: no cover - exercised on Python 3.10 only
         tomllib = None
 
 __all__ = [
-    "CONFIG_ENV", "DEFAULT_CONFIG_FILE", "EDGE_RUNTIMES", "ENV_PREFIX", "EdgeCloudSettings", "EdgeRuntime",
+    "CONFIG_ENV", "DEFAULT_BACKOFF_S", "DEFAULT_CONFIG_FILE", "DEFAULT_MAX_RETRIES", "EDGE_RUNTIMES", "ENV_PREFIX", "EdgeCloudSettings", "EdgeRuntime",
     "CollabMode", "CollabSettings", "FallbackSettings", "Prices", "RouterSettings", "load_settings", "to_toml_example",
 ]
 
@@ -70,6 +69,10 @@ CONFIG_ENV = "EDGECLOUD_CONFIG"
 #: Read from the working directory when neither ``config`` nor ``$EDGECLOUD_CONFIG`` is given.
 DEFAULT_CONFIG_FILE = "edgecloud.toml"
 _NESTED = "__"
+#: Retries of one cloud request on the same URL, and the first wait between them (doubling);
+#: the HTTP client's :class:`~edgecloud.remote.retry.RetryPolicy` defaults to the same values.
+DEFAULT_MAX_RETRIES = 2
+DEFAULT_BACKOFF_S = 0.25
 
 
 def _http_url(url: str) -> str:

@@ -31,7 +31,7 @@ This module owns three things:
   only move chunks.
 
 Retries of a retryable cloud error on the *same* endpoint (429/503/connect, with backoff and
-``Retry-After``) happen inside :class:`~edgecloud.cloud.client.CloudBackend`; this module moves
+``Retry-After``) happen inside :class:`~edgecloud.remote.client.CloudBackend`; this module moves
 between endpoints and sides.
 """
 

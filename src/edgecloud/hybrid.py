@@ -177,7 +177,7 @@ class Hybrid(Backend):
     # ------------------------------------------------------------------ backends
 
     def _cloud_backend(self, url: str) -> Backend:
-        from .cloud.client import CloudBackend
+        from .remote.client import CloudBackend
 
         s, fb = self.settings, self.settings.fallback
         if not s.cloud_model:

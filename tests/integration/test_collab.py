@@ -138,7 +138,7 @@ class Recording(Backend):
 
 
 def test_redacted_spans_carry_placeholders_and_restore_the_text(edge: Backend, server: ServeProcess) -> None:
-    from edgecloud.cloud.client import CloudBackend
+    from edgecloud.remote.client import CloudBackend
 
     with CloudBackend(server.url, MODEL, api_key=KEY) as real:
         cloud = Recording(real)

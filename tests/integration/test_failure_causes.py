@@ -1,6 +1,6 @@
 """Each real failure, driven for real, is recorded with its typed cause.
 
-The cloud side is a real :class:`~edgecloud.cloud.client.CloudBackend` talking over loopback
+The cloud side is a real :class:`~edgecloud.remote.client.CloudBackend` talking over loopback
 sockets to a port nobody listens on, or to a raw scripted server that stalls, answers 429 /
 500 / 503, cuts the stream or sends a truncated line. The edge side is a real llama.cpp backend
 pointed at a missing file, and backends that raise what a runtime raises (MemoryError). The
@@ -18,7 +18,7 @@ import pytest
 pytest.importorskip("httpx")
 
 from edgecloud.backend import Backend
-from edgecloud.cloud.client import CloudBackend
+from edgecloud.remote.client import CloudBackend
 from edgecloud.errors import BackendError
 from edgecloud.fallback import Attempt, CircuitBreaker, FailoverStream
 from edgecloud.types import ChatCompletionChunk, ChatRequest, ChoiceDelta, ChunkChoice, RouteInfo, Usage

@@ -18,7 +18,7 @@ pytest.importorskip("fastapi")
 
 from edgecloud import AsyncEdgeCloud, EdgeCloud
 from edgecloud.backend import Backend
-from edgecloud.cloud.client import CloudBackend
+from edgecloud.remote.client import CloudBackend
 from edgecloud.edge.llamacpp import LlamaCppBackend
 from edgecloud.errors import BackendError, EdgeCloudError, InvalidRequestError, PrivacyViolationError
 from edgecloud.router.policy import RoutePolicy

@@ -26,8 +26,8 @@ import pytest
 openai = pytest.importorskip("openai")
 
 from edgecloud import EdgeCloud
-from edgecloud.cloud.client import CloudBackend
-from edgecloud.cloud.vllm_launch import find_vllm
+from edgecloud.remote.client import CloudBackend
+from edgecloud.serving.vllm_launch import find_vllm
 from edgecloud.edge.llamacpp import LlamaCppBackend
 from edgecloud.router.policy import RoutePolicy
 from edgecloud.types import ChatRequest

@@ -89,8 +89,8 @@ def _synthetic_rows(n: int = 120, seed: int = 0) -> list[dict]:
 
 
 def test_cascade_fit_reaches_the_target_with_the_informative_signal() -> None:
-    from edgecloud.router.cascade_fit import ablation, evaluate_cascade, row_signals
-    from edgecloud.router.evaluate import split_outcomes
+    from edgecloud.router.training.cascade_fit import ablation, evaluate_cascade, row_signals
+    from edgecloud.router.training.evaluate import split_outcomes
 
     train, test = split_outcomes(_synthetic_rows())
     s_train, s_test = row_signals(train), row_signals(test)

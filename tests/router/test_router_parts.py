@@ -9,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from edgecloud.router.evaluate import apgr, cpt, oracle_scores, random_scores, router_curve, split_outcomes, summary
+from edgecloud.router.training.evaluate import apgr, cpt, oracle_scores, random_scores, router_curve, split_outcomes, summary
 from edgecloud.router.features import FEATURE_NAMES, extract, hashed_ngrams
 from edgecloud.router.pii import find_pii, has_pii, iban_ok, luhn_ok, redact
 from edgecloud.router.sandbox import run_python
-from edgecloud.router.scorers import LearnedScorer, RulesScorer, load_scorer, train_scorer
-from edgecloud.router.tasks import extract_code, grade, load_tasks
+from edgecloud.router.scorers import LearnedScorer, RulesScorer, load_scorer
+from edgecloud.router.training.fit import train_scorer
+from edgecloud.router.training.tasks import extract_code, grade, load_tasks
 
 # ---------------------------------------------------------------- sandbox and grading
 

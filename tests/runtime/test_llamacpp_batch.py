@@ -9,8 +9,8 @@ import pytest
 from edgecloud.edge.llamacpp import LlamaCppBackend
 from edgecloud.runtime.llamacpp_batch import BatchedGreedy, BatchJob
 from edgecloud.errors import ContextOverflowError, InvalidRequestError
-from edgecloud.router.label import label_side
-from edgecloud.router.tasks import Task
+from edgecloud.router.training.label import label_side
+from edgecloud.router.training.tasks import Task
 from edgecloud.types import ChatRequest, collect_chunks
 
 pytest.importorskip("llama_cpp")

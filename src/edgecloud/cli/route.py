@@ -9,7 +9,7 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import EdgeCloudError
-from ..router.tasks import SUITES, Task
+from ..router.training.tasks import SUITES, Task
 
 app = typer.Typer(help="Label, train, evaluate and apply the complexity router.", no_args_is_help=True)
 
@@ -41,8 +41,8 @@ def label_command(
     """
     from ..edge.llamacpp import LlamaCppBackend
     from ..runtime.llamacpp_batch import BatchedGreedy
-    from ..router.label import label_side, merge_outcomes
-    from ..router.tasks import load_tasks
+    from ..router.training.label import label_side, merge_outcomes
+    from ..router.training.tasks import load_tasks
 
     tasks = load_tasks([s.strip() for s in suites.split(",") if s.strip()])
     random.Random(0).shuffle(tasks)  # every prefix of the run covers every suite
@@ -150,7 +150,7 @@ def eval_command(
     """Replay outcomes: APGR, CPT(50%), CPT(80%) against a seeded random router and the oracle."""
     import json
 
-    from ..router import evaluate as ev
+    from ..router.training import evaluate as ev
 
     rows = ev.load_outcomes(data)
     if split != "all":
@@ -185,8 +185,8 @@ def train_command(
     """Fit the learned scorer on outcomes (the held-out split is left out unless --all)."""
     import json
 
-    from ..router import evaluate as ev
-    from ..router.scorers import train_scorer
+    from ..router.training import evaluate as ev
+    from ..router.training.fit import train_scorer
 
     rows = ev.load_outcomes(data)
     if not all_rows:
@@ -220,10 +220,11 @@ def cascade_command(
     """
     import json
 
-    from ..router import evaluate as ev
+    from ..router.training import evaluate as ev
     from ..router.cascade import SIGNAL_NAMES
-    from ..router.cascade_fit import GROUPS, ablation, evaluate_cascade, row_signals
-    from ..router.scorers import LearnedScorer, out_of_fold_scores
+    from ..router.training.cascade_fit import GROUPS, ablation, evaluate_cascade, row_signals
+    from ..router.scorers import LearnedScorer
+    from ..router.training.fit import out_of_fold_scores
 
     rows = ev.load_outcomes(data)
     train, test = ev.split_outcomes(rows)

@@ -2,8 +2,8 @@
 
 Engines: ``llamacpp`` (the GGUF's own INT4 weights, continuous batching over llama.cpp
 sequences), ``torch`` (our engine: continuous batching, fp32 / bf16 / fp8 weights), ``vllm``
-(vLLM's OpenAI server, started and watched; see :mod:`edgecloud.cloud.vllm`), and ``auto``
-(the default: :func:`edgecloud.cloud.engine_choice.choose_engine` picks one for this machine
+(vLLM's OpenAI server, started and watched; see :mod:`edgecloud.serving.vllm`), and ``auto``
+(the default: :func:`edgecloud.serving.engine_choice.choose_engine` picks one for this machine
 and says why). ``--draft-model`` / ``--spec`` decode speculatively on every engine.
 Options an engine does not have are refused by name (exit 2), never ignored.
 """
@@ -116,14 +116,14 @@ def serve_command(
                 threads=threads, spec=spec_mode, draft_model=draft_model, spec_k_max=spec_k_max,
                 extra_args=list(vllm_args), python=vllm_python, dry_run=dry_run,
             ))
-        from ..cloud.server import serve
+        from ..serving.server import serve
 
         if engine == "torch":
             backend = _torch_backend(model, quant or "auto", ctx, max_batch, max_queue, quant_config, spec_mode,
                                      spec_k_max, draft_model)
         else:
-            from ..cloud.llamacpp_engine import LlamaCppEngineBackend
-            from ..cloud.speculative.adaptive import SpecConfig
+            from ..serving.llamacpp_engine import LlamaCppEngineBackend
+            from ..serving.speculative.adaptive import SpecConfig
 
             backend = LlamaCppEngineBackend(
                 model, n_ctx=ctx, max_batch=max_batch, max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue,
@@ -137,8 +137,8 @@ def serve_command(
 
 
 def _auto_engine(vllm_python: str | None) -> str:
-    from ..cloud.engine_choice import choose_engine
-    from ..cloud.vllm_launch import find_vllm
+    from ..serving.engine_choice import choose_engine
+    from ..serving.vllm_launch import find_vllm
 
     found = find_vllm(vllm_python)
     usable = found is not None and found.problem is None
@@ -157,9 +157,9 @@ def _loaded_line(engine: str, backend: object) -> str:
 
 def _torch_backend(model: str, quant: str, ctx: int | None, max_batch: int, max_queue: int | None,
                    quant_config: str | None, spec_mode: str, spec_k_max: int, draft_model: str | None) -> object:
-    from ..cloud.engine_backend import TorchEngineBackend
-    from ..cloud.engine_choice import choose_precision
-    from ..cloud.speculative import SpecConfig
+    from ..serving.engine_backend import TorchEngineBackend
+    from ..serving.engine_choice import choose_precision
+    from ..serving.speculative import SpecConfig
 
     device, chosen, _ = choose_precision(quant)
     keep: tuple[str, ...] = ()
@@ -178,8 +178,8 @@ def _torch_backend(model: str, quant: str, ctx: int | None, max_batch: int, max_
 
 
 def _serve_vllm(*, python: str | None, dry_run: bool, **options: object) -> int:
-    from ..cloud.vllm import VLLMSettings
-    from ..cloud.vllm_launch import launch_vllm
+    from ..serving.vllm import VLLMSettings
+    from ..serving.vllm_launch import launch_vllm
 
     settings = VLLMSettings(**options)  # type: ignore[arg-type]
     return launch_vllm(settings, python=python, dry_run=dry_run)

@@ -3,14 +3,14 @@
 This module owns :class:`VerifiedCollab`: speculative decoding with the draft model on the
 device and the target model behind an HTTP endpoint. Each round the edge drafts up to ``k``
 greedy tokens; the cloud scores prompt + answer + draft in one request
-(:meth:`~edgecloud.cloud.client.CloudBackend.score`: ``/v1/completions`` with ``echo`` and
+(:meth:`~edgecloud.remote.client.CloudBackend.score`: ``/v1/completions`` with ``echo`` and
 ``logprobs``); the longest prefix of the draft the cloud would have written itself is kept,
 plus the cloud's own next token (its correction at the first disagreement, or one more token
 when it agreed with all of them). So the answer is the cloud's greedy answer, token for token,
 while the cloud runs one forward pass per round instead of one per token.
 
 ``k`` adapts per answer: acceptance is tracked with the speculative engine's estimator
-(:class:`~edgecloud.cloud.speculative.adaptive.Acceptance`) and ``k`` maximises expected
+(:class:`~edgecloud.runtime.speculative.Acceptance`) and ``k`` maximises expected
 tokens per second from the measured cost of a draft token and of a cloud round.
 
 Needs an edge runtime that drafts token ids (the llama.cpp backend) and edge and cloud models
@@ -26,7 +26,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-from ..cloud.speculative.adaptive import Acceptance, expected_tokens
+from ..runtime.speculative import Acceptance, accept_prefix, best_k
 from ..errors import ConfigError
 from ..fallback import Attempt
 from ..runtime.text_stream import TextStream
@@ -47,12 +47,7 @@ _SAME_VOCAB: set[tuple[int, str, str]] = set()
 def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
     """The draft length with the most expected tokens per second: ``E[tokens](alpha, k)`` over
     ``k`` draft tokens plus one cloud round."""
-    best, best_rate = 1, 0.0
-    for k in range(1, k_max + 1):
-        rate = expected_tokens(alpha, k) / (k * draft_s + round_s)
-        if rate > best_rate:
-            best, best_rate = k, rate
-    return best
+    return best_k(alpha, k_max, fixed=round_s, per_token=draft_s)[0]
 
 
 class VerifiedCollab(CollabRun):
@@ -168,9 +163,7 @@ class VerifiedCollab(CollabRun):
         attempt.breaker.success()
         part.prompt_tokens += len(tokens) + len(draft)
         part.seconds += time.perf_counter() - started
-        kept = 0
-        while kept < len(draft) and scores[kept].argmax == draft[kept]:
-            kept += 1
+        kept = accept_prefix(draft, [s.argmax for s in scores])
         extra = scores[kept].argmax if kept < len(draft) else nxt.token
         self.span_done("verified", 1, time.perf_counter() - started)
         return draft[:kept], extra

@@ -147,7 +147,7 @@ class CoreMLBackend(SerialBackend):
     def _ensure_loaded(self) -> tuple[Any, Any]:
         if self._model is not None:
             return self._model, self._tokenizer
-        from ..quant.export_coreml import FORMAT, import_coremltools, inspect_mlpackage, package_tokenizer
+        from ..runtime.coreml_package import FORMAT, import_coremltools, inspect_mlpackage, package_tokenizer
 
         ct = import_coremltools()
         metadata = inspect_mlpackage(self.package)["metadata"]
@@ -158,7 +158,7 @@ class CoreMLBackend(SerialBackend):
             )
         tokenizer = Tokenizer(package_tokenizer(self.package))
         try:
-            units = getattr(ct.ComputeUnit, COMPUTE_UNITS[self.compute_units])
+            units = ct.ComputeUnit[COMPUTE_UNITS[self.compute_units]]
             model = ct.models.MLModel(str(self.package), compute_units=units)
         except Exception as exc:  # noqa: BLE001 - Core ML reports load failures with several types
             tokenizer.close()
@@ -185,7 +185,7 @@ class CoreMLBackend(SerialBackend):
 
     def _step(self, model: Any) -> Step:
         """One ``predict`` per call, on a state of its own (a fresh KV cache)."""
-        from ..quant.export_coreml import causal_mask
+        from ..runtime.coreml_package import causal_mask
 
         state = model.make_state()
 

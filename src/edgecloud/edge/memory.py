@@ -36,7 +36,7 @@ from typing import Any
 
 from ..errors import InvalidRequestError, ModelNotFoundError
 from .device import DeviceProfile, get_device
-from .onnx_manifest import GENAI_CONFIG, load_manifest
+from ..store.onnx_manifest import GENAI_CONFIG, load_manifest
 from ..runtime.gguf import GGML_TYPE_SIZES, ModelSpec, read_gguf_spec
 
 __all__ = [

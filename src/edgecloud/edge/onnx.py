@@ -49,7 +49,7 @@ from ..runtime.chat_template import ChatTemplate
 from ..runtime.chunks import AnswerChunks, answer_budget
 from .device import detect_device
 from .memory import N_BATCH, plan_onnx
-from .onnx_manifest import EXPORT_FILE, GENAI_CONFIG, ExportManifest, is_onnx_export, load_manifest
+from ..store.onnx_manifest import EXPORT_FILE, GENAI_CONFIG, ExportManifest, is_onnx_export, load_manifest
 from ..runtime.sampling import PENALTY_LAST_N, SamplingParams, sampling_params
 from ..runtime.prefix_cache import common_prefix_len_np
 

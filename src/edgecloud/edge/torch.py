@@ -1,7 +1,7 @@
 """The torch edge backend: the engine's model on this device's GPU (CUDA or MPS) or CPU, with per-op CPU fallback.
 
 This module owns :class:`TorchBackend` and :class:`TorchStats`. It is the edge twin of the
-cloud's :class:`~edgecloud.cloud.engine_backend.TorchEngineBackend` for a single user: no
+cloud's :class:`~edgecloud.serving.engine_backend.TorchEngineBackend` for a single user: no
 scheduler, one sequence, one KV cache kept between requests. What it reuses rather than
 repeats:
 

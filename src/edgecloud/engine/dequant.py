@@ -11,7 +11,7 @@ takes to load Qwen2.5-Coder-1.5B. The decoders here are the same arithmetic as g
 ``dequantize_blocks`` (same float32 operations in the same order, fp16 scales widened
 exactly to float32), written as torch ops so each pass runs on every intra-op thread, and
 applied to bounded chunks of blocks so the int8/float32 temporaries stay small. The results
-are bit-identical to ``gguf.quants.dequantize`` (``tests/cloud/test_dequant.py``).
+are bit-identical to ``gguf.quants.dequantize`` (``tests/engine/test_dequant.py``).
 
 Every decoder reads a uint8 tensor ``[n_blocks, type_size]`` and writes float32
 ``[n_blocks, block_size]`` into a slice of the output, so no chunk is copied twice.

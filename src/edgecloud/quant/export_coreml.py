@@ -34,15 +34,12 @@ float16 cannot overflow on the massive activations of the first tokens.
 from __future__ import annotations
 
 import contextlib
-import io
-import logging
 import math
 import shutil
 import struct
 import tempfile
 import time
 import warnings
-from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,7 +52,21 @@ from torch import Tensor, nn
 
 from ..engine import GGUFFile, ModelArgs, Transformer
 from ..runtime.gguf import read_gguf_header
-from ..errors import BackendError, BackendUnavailableError, InvalidRequestError, ModelIntegrityError
+from ..errors import BackendError, InvalidRequestError, ModelIntegrityError
+from ..runtime.coreml_package import (
+    FORMAT,
+    INPUTS,
+    OUTPUTS,
+    PACKAGE_AUTHOR,
+    STATES,
+    TOKENIZER_ITEM,
+    causal_mask,
+    dir_bytes,
+    import_coremltools,
+    inspect_mlpackage,
+    package_tokenizer,
+    quiet_coremltools,
+)
 
 __all__ = [
     "FORMAT",
@@ -75,11 +86,6 @@ __all__ = [
     "trace_decoder",
 ]
 
-#: ``edgecloud.format`` of the packages this version writes and runs.
-FORMAT = "edgecloud-coreml/1"
-INPUTS = ("input_ids", "causal_mask")
-OUTPUTS = ("logits",)
-STATES = ("k_cache", "v_cache")
 #: Smallest ``context`` an export accepts.
 MIN_CONTEXT = 16
 #: Block sizes (weights per INT4 scale, along the input dimension) an export accepts.
@@ -91,9 +97,6 @@ STAGES: dict[str, str] = {
     "convert": "converting to a Core ML mlprogram (float16, INT4 weights per block)",
     "save": "saving the .mlpackage",
 }
-#: The tokenizer package item (a vocabulary-only GGUF) and the author it is filed under.
-TOKENIZER_ITEM = "tokenizer.gguf"
-PACKAGE_AUTHOR = "ai.edgecloud"
 #: coremltools' graph pass behind ``ct.optimize.coreml.linear_quantize_weights``.
 _QUANTIZE_PASS = "compression::linear_quantize_weights"
 #: Rows whose largest magnitude is below this are not scaled up further by the stable RMS norm.
@@ -124,18 +127,6 @@ class CoreMLExport:
 
 
 # ---------------------------------------------------------------------------- the traced module
-
-
-def causal_mask(n: int, end: int) -> np.ndarray:
-    """The ``causal_mask`` input for ``n`` new tokens at cache slots ``end - n .. end - 1``.
-
-    ``[1, 1, n, end]`` float16: query ``i`` may see slots ``0 .. end - n + i`` (0), not later ones (-inf).
-    """
-    if not 1 <= n <= end:
-        raise InvalidRequestError(f"a causal mask needs 1 <= n <= end, got n={n}, end={end}")
-    begin = end - n
-    allowed = np.arange(end)[None, :] <= (begin + np.arange(n))[:, None]
-    return np.where(allowed, 0.0, -np.inf).astype(np.float16)[None, None]
 
 
 def _neox_order(args: ModelArgs) -> Tensor:
@@ -278,31 +269,6 @@ class StatefulDecoder(nn.Module):
 # ---------------------------------------------------------------------------- checks and helpers
 
 
-def import_coremltools() -> Any:
-    """coremltools, imported without its Linux-only chatter; BackendUnavailableError when it is not installed."""
-    try:
-        with _quiet_coremltools():
-            import coremltools
-    except ImportError as exc:
-        raise BackendUnavailableError(
-            "Core ML export needs coremltools; install it with: pip install 'edgecloud[coreml]'"
-        ) from exc
-    return coremltools
-
-
-@contextlib.contextmanager
-def _quiet_coremltools() -> Iterator[None]:
-    """Silence coremltools' log lines (missing macOS-only modules, untested versions) and tqdm bars on stderr."""
-    logger = logging.getLogger("coremltools")
-    level = logger.level
-    logger.setLevel(logging.ERROR)
-    try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            yield
-    finally:
-        logger.setLevel(level)
-
-
 def _check_request(out: Path, force: bool, context: int, int4_block: int) -> None:
     """InvalidRequestError naming the option, for what can be checked without the model."""
     if out.suffix != ".mlpackage":
@@ -359,24 +325,6 @@ def _write_vocab_gguf(gguf: Path, out: Path) -> None:
     out.write_bytes(body + b"\0" * (-len(body) % 32))
 
 
-def package_tokenizer(path: str | Path) -> Path:
-    """The vocabulary-only GGUF stored in an exported package (load it with :class:`~edgecloud.engine.Tokenizer`)."""
-    import_coremltools()
-    from coremltools.libmodelpackage import ModelPackage
-
-    item = ModelPackage(str(path)).findItemByNameAuthor(TOKENIZER_ITEM, PACKAGE_AUTHOR)
-    if item is None:
-        raise ModelIntegrityError(f"{path} holds no {TOKENIZER_ITEM}; export it again with `edgecloud export coreml`")
-    return Path(item.path())
-
-
-def _dir_bytes(path: Path) -> int:
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
-# ---------------------------------------------------------------------------- export
-
-
 def export_coreml(
     model: str | Path,
     out: str | Path,
@@ -424,7 +372,7 @@ def export_coreml(
         _describe(mlmodel, str(model), path, context, int4_block)
         _save(mlmodel, out, path)
     return CoreMLExport(
-        path=out, model=str(model), size_bytes=_dir_bytes(out), seconds=round(time.perf_counter() - start, 2),
+        path=out, model=str(model), size_bytes=dir_bytes(out), seconds=round(time.perf_counter() - start, 2),
         context=context, int4_block=int4_block, stage_seconds=timings,
     )
 
@@ -469,7 +417,7 @@ def _convert(ct: Any, traced: torch.jit.ScriptModule, args: ModelArgs, context: 
         _QUANTIZE_PASS, {"config": ct.optimize.coreml.OptimizationConfig(op_type_configs={"linear": int4, "gather": int4})}
     )
     try:
-        with _quiet_coremltools(), warnings.catch_warnings():
+        with quiet_coremltools(), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # coremltools' own deprecation and version notices
             return ct.convert(
                 traced,
@@ -513,7 +461,7 @@ def _save(mlmodel: Any, out: Path, gguf: Path) -> None:
         out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(prefix=".coreml-", dir=out.parent) as tmp:
             staged, vocab = Path(tmp) / out.name, Path(tmp) / TOKENIZER_ITEM
-            with _quiet_coremltools():
+            with quiet_coremltools():
                 mlmodel.save(str(staged))
             _write_vocab_gguf(gguf, vocab)
             ModelPackage(str(staged)).addItem(
@@ -531,57 +479,3 @@ def _save(mlmodel: Any, out: Path, gguf: Path) -> None:
 # ---------------------------------------------------------------------------- inspection
 
 
-def _feature(desc: Any) -> dict[str, Any]:
-    """Name, dtype and shape (``[lower, upper]`` per flexible dim) of one spec feature."""
-    kind = desc.type.WhichOneof("Type")
-    array = desc.type.stateType.arrayType if kind == "stateType" else desc.type.multiArrayType
-    ranges = list(array.shapeRange.sizeRanges)
-    shape: list[Any] = [int(d) for d in array.shape]
-    if ranges:
-        shape = [int(r.lowerBound) if r.lowerBound == r.upperBound else [int(r.lowerBound), int(r.upperBound)]
-                 for r in ranges]
-    dtype = type(array).ArrayDataType.Name(array.dataType).lower()
-    return {"name": desc.name, "dtype": dtype, "shape": shape}
-
-
-def inspect_mlpackage(path: str | Path) -> dict[str, Any]:
-    """What a saved package declares, read from its spec (no prediction, so it works on Linux).
-
-    ``inputs`` / ``outputs`` / ``states``: name, dtype, shape (a ``[lower, upper]`` pair per
-    flexible dim); ``metadata``: the user-defined metadata; ``spec_version`` (9 = iOS 18 /
-    macOS 15); ``int4_ops``: how many ``constexpr_blockwise_shift_scale`` weight ops have INT4
-    data; ``op_counts``: MIL ops per type; ``weight_bytes``: the size of the weight payload.
-    """
-    path = Path(path)
-    if not (path / "Manifest.json").is_file():
-        raise InvalidRequestError(f"{path} is not a .mlpackage (no Manifest.json)", param="path")
-    ct = import_coremltools()
-    with _quiet_coremltools():
-        spec = ct.utils.load_spec(str(path))
-    desc = spec.description
-    ops = [
-        op
-        for function in spec.mlProgram.functions.values()
-        for block in function.block_specializations.values()
-        for op in block.operations
-    ]
-    int4_ops = sum(1 for op in ops if op.type == "constexpr_blockwise_shift_scale" and _int4_data(op))
-    weights = path / "Data" / "com.apple.CoreML" / "weights"
-    return {
-        "inputs": [_feature(d) for d in desc.input],
-        "outputs": [_feature(d) for d in desc.output],
-        "states": [_feature(d) for d in desc.state],
-        "metadata": dict(desc.metadata.userDefined),
-        "spec_version": int(spec.specificationVersion),
-        "int4_ops": int4_ops,
-        "op_counts": dict(sorted(Counter(op.type for op in ops).items())),
-        "weight_bytes": _dir_bytes(weights) if weights.is_dir() else 0,
-    }
-
-
-def _int4_data(op: Any) -> bool:
-    """Whether a ``constexpr_blockwise_shift_scale`` op's ``data`` is an INT4 tensor."""
-    from coremltools.proto import MIL_pb2
-
-    data = op.inputs["data"].arguments[0]
-    return data.WhichOneof("binding") == "value" and data.value.type.tensorType.dataType == MIL_pb2.INT4

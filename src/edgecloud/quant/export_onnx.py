@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 
 from ..runtime.chat_template import CHATML_TEMPLATE
-from ..edge.onnx_manifest import EXPORT_FILE, ExportManifest, load_manifest
+from ..store.onnx_manifest import EXPORT_FILE, ExportManifest, load_manifest
 from ..errors import BackendError, BackendUnavailableError, EdgeCloudError, InvalidRequestError
 
 __all__ = [

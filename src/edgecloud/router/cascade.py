@@ -33,9 +33,8 @@ from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
 
-from .label import logprob_summary
+from .answers import extract_code, logprob_summary, normalise
 from .sandbox import run_python
-from .tasks import extract_code, normalise
 
 __all__ = ["CHECK_FORMAT", "ConfidenceCheck", "Signals", "prompt_examples", "signals"]
 

@@ -72,7 +72,7 @@ class MultiSeqContext:
     """A llama.cpp context holding up to ``n_seq`` independent sequences, one KV stream each.
 
     The low-level pieces :class:`BatchedGreedy` and the speculative draft proposer
-    (:mod:`edgecloud.cloud.speculative`) share: ``llm`` (the ``Llama`` object: weights,
+    (:mod:`edgecloud.serving.speculative`) share: ``llm`` (the ``Llama`` object: weights,
     tokenizer, metadata; its own context stays tiny), a batch to fill with :meth:`add`,
     :meth:`decode`, the logits of a batch row, and :meth:`forget` to drop a sequence's cells.
     """

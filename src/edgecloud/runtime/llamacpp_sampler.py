@@ -3,7 +3,7 @@
 This module owns :func:`make_sampler`, the one translation from a request's sampling options to
 a llama.cpp sampler chain, used by the edge's :class:`~edgecloud.edge.llamacpp.LlamaCppBackend`
 (one context, one sequence) and the serving engine
-(:mod:`edgecloud.cloud.llamacpp_engine`, one chain per sequence of a batch). Plain greedy
+(:mod:`edgecloud.serving.llamacpp_engine`, one chain per sequence of a batch). Plain greedy
 decoding gets no chain at all: an ``argmax`` over the logits is cheaper than a sampler call.
 
 The chain's order is llama.cpp's: penalties, logit bias, grammar, then temperature / top-p and

@@ -1,0 +1,117 @@
+"""Scoring a given continuation on ``POST /v1/completions`` (``echo`` + ``logprobs``), as the
+verified collaboration mode and vLLM clients send it, through the real ``openai`` client.
+
+The scores are checked against the model itself: the echoed logprobs are the llama.cpp
+backend's own, the greedy next token is the one it decodes, and the cloud client reads back
+what the server wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("fastapi")
+openai = pytest.importorskip("openai")
+
+from edgecloud.runtime.sampling import SamplingParams
+from faults import serving
+
+KEY = "sk-test"
+TEXT = "The capital of France is Paris. The capital of Italy is"
+
+
+@pytest.fixture(scope="module")
+def scoring_server(smollm2_path: Path) -> Iterator[tuple[str, Any]]:
+    with serving("llamacpp", smollm2_path, n_ctx=512, api_key=KEY) as served:
+        yield served
+
+
+_clients: list[Any] = []
+
+
+def api(url: str) -> Any:
+    """An openai client for ``url``, closed when the module ends (:func:`_close_clients`)."""
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=KEY, max_retries=0)
+    _clients.append(client)
+    return client
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_clients() -> Iterator[None]:
+    yield
+    while _clients:
+        _clients.pop().close()
+
+
+def test_token_ids_are_scored_and_the_greedy_token_follows(scoring_server: tuple[str, Any]) -> None:
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    answer = api(url).completions.create(model="m", prompt=ids, echo=True, logprobs=3, max_tokens=1, temperature=0,
+                                         extra_body={"return_tokens_as_token_ids": True})
+    lp = answer.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1
+    assert [int(t.split(":")[1]) for t in lp.tokens[:-1]] == ids
+    assert lp.token_logprobs[0] is None and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    own, nxt = backend.score(ids, start=1, top_n=3)
+    assert lp.token_logprobs[1:-1] == pytest.approx([s.logprob for s in own], abs=1e-4)
+    generated = list(backend.scheduler.submit(ids, SamplingParams(1, temperature=0.0)))
+    assert int(lp.tokens[-1].split(":")[1]) == nxt.token == generated[0]
+    best = [max(d, key=d.get) for d in lp.top_logprobs[1:]]
+    assert best == [f"token_id:{s.argmax}" for s in [*own, nxt]]
+    assert answer.usage.prompt_tokens == len(ids) and answer.usage.completion_tokens == 1
+
+
+def test_text_prompt_echoes_the_text_and_score_from_skips_the_prefix(scoring_server: tuple[str, Any]) -> None:
+    url, backend = scoring_server
+    n = len(backend.tokenize_text(TEXT))
+    answer = api(url).completions.create(model="m", prompt=TEXT, echo=True, logprobs=1, max_tokens=0,
+                                         extra_body={"score_from": n - 2})
+    lp = answer.choices[0].logprobs
+    assert answer.choices[0].text == TEXT and "".join(lp.tokens) == TEXT
+    assert lp.token_logprobs[: n - 2] == [None] * (n - 2) and None not in lp.token_logprobs[n - 2:]
+    assert len(lp.tokens) == n  # max_tokens=0: scores only
+
+
+def test_the_cloud_client_reads_the_scores_back(scoring_server: tuple[str, Any]) -> None:
+    from edgecloud.remote.client import CloudBackend
+
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    with CloudBackend(url, "m", api_key=KEY) as cloud:
+        scores, nxt = cloud.score(ids, start=3)
+    own, own_next = backend.score(ids, start=3)
+    assert [s.token for s in scores] == ids[3:]
+    assert [s.argmax for s in scores] == [s.argmax for s in own] and nxt.token == own_next.token
+
+
+@pytest.mark.parametrize("body, param", [
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 1, "stream": True}, "stream"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 2}, "max_tokens"),
+    ({"prompt": [1, 2, 10**9], "echo": True, "logprobs": 1, "max_tokens": 1}, "prompt"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 1, "score_from": 99}, "score_from"),
+    ({"prompt": "hi", "echo": True, "logprobs": 21, "max_tokens": 1}, "logprobs"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.8}, "temperature"),
+    ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+])
+def test_bad_scoring_requests_are_400s_naming_the_field(scoring_server: tuple[str, Any], body: dict[str, Any],
+                                                         param: str) -> None:
+    import httpx
+
+    url, _ = scoring_server
+    response = httpx.post(f"{url}/v1/completions", json={"model": "m", **body},
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=30)
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["param"] == param
+
+
+def test_an_engine_that_cannot_score_says_so(smollm2_path: Path) -> None:
+    pytest.importorskip("torch")
+    with serving("torch", smollm2_path, n_ctx=256, api_key=KEY) as (url, _):
+        with pytest.raises(openai.BadRequestError) as info:
+            api(url).completions.create(model="m", prompt="hi", echo=True, logprobs=1, max_tokens=1)
+    assert "llamacpp" in str(info.value) and info.value.body["param"] == "echo"
