@@ -5,52 +5,21 @@ Public API only: the clients, the request/response types and the exception tree.
 
 from __future__ import annotations
 
+from ._version import __version__
 from .backend import Backend
 from .client import AsyncEdgeCloud, EdgeCloud
-from .errors import (
-    BackendError,
-    BackendUnavailableError,
-    ConfigError,
-    ContextOverflowError,
-    EdgeCloudError,
-    GenerationCancelled,
-    InvalidRequestError,
-    ModelError,
-    ModelFetchError,
-    ModelIntegrityError,
-    ModelNotFoundError,
-)
-from .types import (
-    ChatCompletion,
-    ChatCompletionChunk,
-    ChatMessage,
-    ChatRequest,
-    RouteInfo,
-    Usage,
-)
-
-from ._version import __version__
+from .errors import (AuthenticationError, BackendError, BackendUnavailableError, ConfigError, ContextOverflowError,
+                     EdgeCloudError, GenerationCancelled, InvalidRequestError, ModelError, ModelFetchError,
+                     ModelIntegrityError, ModelNotFoundError, PrivacyViolationError, RateLimitedError)
+from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, FallbackEvent, RouteInfo, RouteNote, Usage
 
 __all__ = [
-    "EdgeCloud",
-    "AsyncEdgeCloud",
-    "Backend",
-    "ChatCompletion",
-    "ChatCompletionChunk",
-    "ChatMessage",
-    "ChatRequest",
-    "RouteInfo",
+    "AsyncEdgeCloud", "EdgeCloud", "Backend", "__version__",
+    # requests and answers
+    "ChatCompletion", "ChatCompletionChunk", "ChatMessage", "ChatRequest", "FallbackEvent", "RouteInfo", "RouteNote",
     "Usage",
-    "EdgeCloudError",
-    "InvalidRequestError",
-    "ContextOverflowError",
-    "ModelError",
-    "ModelNotFoundError",
-    "ModelIntegrityError",
-    "ModelFetchError",
-    "BackendError",
-    "BackendUnavailableError",
-    "GenerationCancelled",
-    "ConfigError",
-    "__version__",
+    # errors (the tree is drawn in edgecloud.errors)
+    "AuthenticationError", "BackendError", "BackendUnavailableError", "ConfigError", "ContextOverflowError",
+    "EdgeCloudError", "GenerationCancelled", "InvalidRequestError", "ModelError", "ModelFetchError",
+    "ModelIntegrityError", "ModelNotFoundError", "PrivacyViolationError", "RateLimitedError",
 ]

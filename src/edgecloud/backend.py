@@ -10,6 +10,10 @@ What callers need to know about a backend is declared here, not found with ``get
 ``model_name``, ``n_ctx`` (when known: after loading for a local model), ``base_url`` (remote
 backends), and capabilities as class attributes (``supports_logprobs``,
 ``supports_continuation`` ...) that the hybrid consults before it asks for something.
+Capabilities beyond chat are :class:`typing.Protocol` classes checked once, where a
+collaboration mode is set up (a :class:`~edgecloud.errors.ConfigError` says which is missing):
+:class:`ChatTokenizer` (the prompt's token ids), :class:`Drafter` (an edge runtime that drafts
+token ids: verified mode) and :class:`Verifier` (an endpoint that scores a continuation).
 """
 
 from __future__ import annotations
@@ -19,14 +23,21 @@ import contextlib
 import threading
 from abc import ABC, abstractmethod
 from concurrent.futures import ThreadPoolExecutor
-from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any, ClassVar, Literal, TypeVar
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
 from .errors import BackendError, BackendUnavailableError
 
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
-__all__ = ["SYNC_WORKERS", "Backend", "SerialBackend", "iterate_in_worker"]
+if TYPE_CHECKING:
+    from .runtime.scoring import TokenScore
+
+__all__ = [
+    "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "TemplatedBackend", "Verifier",
+    "aclose_stream",
+    "close_stream", "iterate_in_worker",
+]
 
 T = TypeVar("T")
 _DONE = object()
@@ -44,6 +55,18 @@ def _sync_executor() -> ThreadPoolExecutor:
         if _executor is None:
             _executor = ThreadPoolExecutor(max_workers=SYNC_WORKERS, thread_name_prefix="edgecloud-sync")
         return _executor
+
+
+def close_stream(stream: Iterator[Any] | None) -> None:
+    """Stop a stream early: a generator's cleanup (closing its HTTP response, freeing a slot) runs now."""
+    if isinstance(stream, Generator):
+        stream.close()
+
+
+async def aclose_stream(stream: AsyncIterator[Any] | None) -> None:
+    """Async twin of :func:`close_stream`."""
+    if isinstance(stream, AsyncGenerator):
+        await stream.aclose()
 
 
 async def iterate_in_worker(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]:
@@ -68,9 +91,7 @@ async def iterate_in_worker(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         except BaseException as exc:  # noqa: BLE001 - re-raised in the consumer
             loop.call_soon_threadsafe(queue.put_nowait, exc)
         finally:
-            close = getattr(gen, "close", None)
-            if close is not None:
-                close()
+            close_stream(gen)
             loop.call_soon_threadsafe(queue.put_nowait, _DONE)
 
     future = loop.run_in_executor(_sync_executor(), worker)
@@ -117,15 +138,19 @@ class Backend(ABC):
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
         """Yield chunks for ``request``; closing the iterator stops generation."""
 
+    @classmethod
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this") -> Backend:
+        """Build this backend from the client's settings (``edge_model``, ``n_ctx``, the device
+        profile): how :func:`edgecloud.registry.make_edge_backend` makes an edge runtime."""
+        return cls(model, n_ctx=n_ctx, device=device)  # type: ignore[call-arg]
+
     def complete(self, request: ChatRequest) -> ChatCompletion:
         """The whole answer: the stream collected."""
         stream = self.stream(request)
         try:
             return collect_chunks(stream)
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            close_stream(stream)
 
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Async twin of :meth:`stream`: runs it on the shared worker pool, one chunk at a time."""
@@ -138,6 +163,10 @@ class Backend(ABC):
 
     def load(self) -> None:
         """Do the expensive set-up now (fetch, load, warm) instead of on the first request."""
+
+    def describe(self) -> str:
+        """One line on what this backend serves and how (``edgecloud serve`` prints it once loaded)."""
+        return f"{self.name} serving {self.model_name or '?'}"
 
     def health(self) -> str | None:
         """None when this backend could serve a request now, else why not (what ``/health`` reports)."""
@@ -226,3 +255,63 @@ class SerialBackend(Backend):
 
     def _after_close(self) -> None:
         """Hook run last in :meth:`close`, without the lock (e.g. join background workers)."""
+
+
+class TemplatedBackend(SerialBackend):
+    """A :class:`SerialBackend` that renders chats with its model's template and tokenizer itself
+    (``_encode_chat``, called with the runtime loaded), and so tells which token ids a
+    conversation is (:class:`ChatTokenizer`)."""
+
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages`` (template + tokenizer)."""
+        with self._serving():
+            self._ensure_loaded()
+            return self._encode_chat(messages)
+
+    @abstractmethod
+    def _encode_chat(self, messages: list[dict[str, Any]], *, continue_final: bool = False,
+                     tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt's token ids (called with the runtime loaded and the lock held)."""
+
+
+@runtime_checkable
+class ChatTokenizer(Protocol):
+    """A backend that says which token ids it evaluates for a conversation."""
+
+    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt tokens of ``messages`` (chat template + tokenizer)."""
+        ...
+
+
+@runtime_checkable
+class Drafter(ChatTokenizer, Protocol):
+    """An edge runtime that drafts greedy token ids (the draft side of verified mode)."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """``text`` as token ids (special tokens parsed, no BOS)."""
+        ...
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` stands for in an answer."""
+        ...
+
+    def is_end(self, token: int) -> bool:
+        """Whether ``token`` ends generation."""
+        ...
+
+    def draft(self, tokens: list[int], k: int) -> list[int]:
+        """The next ``k`` greedy tokens after ``tokens`` (fewer when one ends generation)."""
+        ...
+
+
+@runtime_checkable
+class Verifier(Protocol):
+    """An endpoint that scores a given continuation in one pass (the check side of verified mode)."""
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """Scores of ``tokens[start:]`` and the greedy next token."""
+        ...
+
+    def token_texts(self, tokens: list[int]) -> list[str]:
+        """What the endpoint's tokenizer calls each token (to compare vocabularies)."""
+        ...

@@ -21,7 +21,7 @@ import os
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any
 
-from .backend import Backend
+from .backend import Backend, aclose_stream, close_stream
 from .config import EdgeCloudSettings
 from .hybrid import Hybrid, settings_from
 from .observability.client_metrics import ClientMetrics
@@ -132,9 +132,7 @@ class ChatStream(Iterator[ChatCompletionChunk]):
     def close(self) -> None:
         """Stop reading: the backends stop generating."""
         for it in (self._chunks, self._source):
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            close_stream(it)
 
     def __enter__(self) -> ChatStream:
         return self
@@ -169,9 +167,7 @@ class AsyncChatStream(AsyncIterator[ChatCompletionChunk]):
     async def aclose(self) -> None:
         """Stop reading: the backends stop generating."""
         for it in (self._chunks, self._source):
-            aclose = getattr(it, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await aclose_stream(it)
 
     async def __aenter__(self) -> AsyncChatStream:
         return self

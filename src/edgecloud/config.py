@@ -59,8 +59,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
         tomllib = None
 
 __all__ = [
-    "CONFIG_ENV", "DEFAULT_BACKOFF_S", "DEFAULT_CONFIG_FILE", "DEFAULT_MAX_RETRIES", "EDGE_RUNTIMES", "ENV_PREFIX", "EdgeCloudSettings", "EdgeRuntime",
-    "CollabMode", "CollabSettings", "FallbackSettings", "Prices", "RouterSettings", "load_settings", "to_toml_example",
+    "CONFIG_ENV", "DEFAULT_BACKOFF_S", "DEFAULT_CONFIG_FILE", "DEFAULT_MAX_RETRIES", "EDGE_RUNTIMES",
+    "EDGE_RUNTIME_ENTRY_POINTS", "ENV_PREFIX", "EdgeCloudSettings", "EdgeRuntime", "CollabMode", "CollabSettings",
+    "FallbackSettings", "Prices", "RouterSettings", "edge_runtime_names", "load_settings", "to_toml_example",
 ]
 
 ENV_PREFIX = "EDGECLOUD_"
@@ -85,10 +86,21 @@ def _http_url(url: str) -> str:
 _HttpUrl = Annotated[str, AfterValidator(_http_url)]
 
 
-#: The edge runtimes (``edge_runtime``, ``edgecloud chat --backend``), built by
-#: :func:`edgecloud.hybrid.make_edge_backend`.
+#: The built-in edge runtimes (``edge_runtime``, ``edgecloud chat --backend``), built by
+#: :func:`edgecloud.registry.make_edge_backend`; packages add more through the entry point group
+#: :data:`EDGE_RUNTIME_ENTRY_POINTS` (``name = "package.module:BackendClass"``).
 EdgeRuntime = Literal["llamacpp", "torch", "onnx"]
 EDGE_RUNTIMES: tuple[str, ...] = get_args(EdgeRuntime)
+EDGE_RUNTIME_ENTRY_POINTS = "edgecloud.edge_runtimes"
+
+
+def edge_runtime_names() -> tuple[str, ...]:
+    """The built-in edge runtimes, then those installed packages register (entry points)."""
+    from importlib.metadata import entry_points
+
+    plugins = sorted(ep.name for ep in entry_points(group=EDGE_RUNTIME_ENTRY_POINTS) if ep.name not in EDGE_RUNTIMES)
+    return (*EDGE_RUNTIMES, *plugins)
+
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
@@ -200,10 +212,11 @@ class EdgeCloudSettings(BaseSettings):
         DEFAULT_MODEL,
         description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
     )
-    edge_runtime: EdgeRuntime = Field(
+    edge_runtime: str = Field(
         "llamacpp",
-        description="Edge runtime: llama.cpp (INT4 as is), torch (cuda/mps/cpu, per-op CPU fallback) or onnx "
-                    "(onnxruntime-genai; edge_model is then an `edgecloud export onnx` folder).",
+        description="Edge runtime: llama.cpp (INT4 as is), torch (cuda/mps/cpu, per-op CPU fallback), onnx "
+                    "(onnxruntime-genai; edge_model is then an `edgecloud export onnx` folder), or one an installed "
+                    "package registers (entry point group edgecloud.edge_runtimes).",
     )
     cloud_base_url: Annotated[list[_HttpUrl], NoDecode] = Field(
         default_factory=list, description="OpenAI-compatible endpoints (a list, or comma-separated).",
@@ -235,6 +248,14 @@ class EdgeCloudSettings(BaseSettings):
         TOML file), else the environment alone."""
         lower = _LOWER_SOURCES.get()
         return (init_settings, *(lower if lower is not None else (env_settings,)))
+
+    @field_validator("edge_runtime")
+    @classmethod
+    def _known_runtime(cls, runtime: str) -> str:
+        names = edge_runtime_names()
+        if runtime not in names:
+            raise ValueError(f"unknown edge runtime; use one of {', '.join(names)}")
+        return runtime
 
     @field_validator("edge_model", "cloud_model", mode="before")
     @classmethod

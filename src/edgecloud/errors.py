@@ -78,6 +78,8 @@ class EdgeCloudError(Exception):
     error_type: str = "server_error"
     #: Why it happened (see :data:`FailureCause`); the class default unless the raise site says more.
     cause: FailureCause = "unknown"
+    #: The request field to blame, when there is one (the ``param`` of the OpenAI error body).
+    param: str | None = None
 
     def __init__(self, *args: object, cause: FailureCause | None = None) -> None:
         super().__init__(*args)

@@ -37,13 +37,14 @@ between endpoints and sides.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from .backend import Backend
+from .backend import Backend, aclose_stream, close_stream
 from .errors import (
     AuthenticationError,
     BackendError,
@@ -55,10 +56,11 @@ from .errors import (
     ModelError,
     PrivacyViolationError,
 )
+from .answer import AnswerHooks, AnswerRecorder, Part, event
 from .tools.spec import ToolCallDelta
-from .types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo, Usage
+from .types import ChatCompletionChunk, ChatMessage, ChatRequest, RouteInfo
 
-__all__ = ["Attempt", "CircuitBreaker", "FailoverStream", "Part", "can_fall_back", "cause_of"]
+__all__ = ["Attempt", "CircuitBreaker", "FailoverStream", "Handover", "Part", "can_fall_back", "cause_of", "continuation"]
 
 Side = Literal["edge", "cloud"]
 
@@ -166,6 +168,20 @@ def can_fall_back(exc: BaseException, side: Side = "edge") -> bool:
     return isinstance(exc, (EdgeCloudError, OSError, MemoryError, RuntimeError))
 
 
+@dataclass(frozen=True)
+class Handover:
+    """An answer another run started and could not finish: the attempt that failed with
+    ``error`` after ``chars`` characters / ``tokens`` tokens of it reached the caller, under the
+    stream head (id, created, model) ``head``. A :class:`FailoverStream` given one records the
+    switch against the backend that takes over, and continues the caller's stream."""
+
+    attempt: "Attempt"
+    error: BaseException
+    chars: int
+    tokens: int
+    head: ChatCompletionChunk | None = None
+
+
 @dataclass
 class Attempt:
     """One backend to try, with its health."""
@@ -176,127 +192,81 @@ class Attempt:
     label: str = ""
 
 
-@dataclass
-class Part:
-    """What one backend contributed to an answer (for cost and usage)."""
-
-    side: Side
-    backend: str
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    seconds: float = 0.0
-    ok: bool = False
-    chars: int = 0
-
-
-@dataclass
 class FailoverStream:
     """One request over ``attempts`` in order, switching on failure (also mid-stream).
 
-    ``on_fallback(from_side, to_side, cause, at_chars)`` is called at each switch; ``finalize``
-    receives the last chunk (with the finish reason) and the parts, before it is yielded, to
-    set usage and cost. ``usage`` of the final chunk is the sum of the parts: the prompt
-    tokens of the first part, completion tokens of all (a part cut short without usage is
-    counted as one token per content chunk it delivered). Iterate it with ``for`` or
-    ``async for``.
+    ``record`` is the answer's :class:`~edgecloud.answer.AnswerRecorder` (or a
+    :class:`~edgecloud.types.RouteInfo` to record into: a recorder is made around it). The
+    final chunk's ``usage`` is the sum of the parts: the prompt tokens of the first part,
+    completion tokens of all (a part cut short without usage is counted as one token per content
+    chunk it delivered). ``on_fallback(from_side, to_side, cause, at_chars)`` and
+    ``finalize(final_chunk, parts)`` are hooks for a stream used on its own (a recorder given in
+    carries its own). Iterate it with ``for`` or ``async for``.
     """
 
-    attempts: list[Attempt]
-    request: ChatRequest
-    route: RouteInfo
-    mid_stream: bool = True
-    on_fallback: Callable[[str, str, str, int], None] | None = None
-    finalize: Callable[[ChatCompletionChunk, list[Part]], None] | None = None
-    parts: list[Part] = field(default_factory=list)
-    skipped: list[str] = field(default_factory=list)
+    def __init__(
+        self, attempts: list[Attempt], request: ChatRequest, record: AnswerRecorder | RouteInfo,
+        mid_stream: bool = True, on_fallback: Callable[[str, str, str, int], None] | None = None,
+        finalize: Callable[[ChatCompletionChunk, list[Part]], None] | None = None,
+        handover: Handover | None = None,
+    ) -> None:
+        self.attempts, self.request, self.mid_stream, self.handover = attempts, request, mid_stream, handover
+        if isinstance(record, AnswerRecorder):
+            self.recorder = record
+        else:
+            self.recorder = AnswerRecorder(record, hooks=AnswerHooks(on_fallback=on_fallback, finalize=finalize))
+        #: The parts this stream ran (one per attempt that started).
+        self.parts: list[Part] = []
+        self.skipped: list[str] = []
+
+    @property
+    def route(self) -> RouteInfo:
+        """The answer's live route record (read-only: the recorder writes it)."""
+        return self.recorder.route
 
     def __iter__(self) -> Iterator[ChatCompletionChunk]:
         run = _Failover(self)
-        for attempt in self.attempts:
-            request = run.begin(attempt)
-            if request is None:
-                continue
-            stream: Any = None
-            try:
-                stream = attempt.backend.stream(request)
-                for chunk in stream:
-                    out = run.take(chunk)
-                    if out is not None:
-                        yield out
-                run.ended()
+        for attempt, request in run.plan():
+            with run.attempting():
+                yield from run.pass_on(attempt.backend.stream(request))
                 return
-            except GeneratorExit:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - classified in failed(), re-raised if final
-                run.failed(exc)
-            finally:
-                run.settle()
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
         run.exhausted()
 
     async def __aiter__(self) -> AsyncIterator[ChatCompletionChunk]:
         run = _Failover(self)
-        for attempt in self.attempts:
-            request = run.begin(attempt)
-            if request is None:
-                continue
-            stream: Any = None
-            try:
-                stream = attempt.backend.astream(request)
-                async for chunk in stream:
-                    out = run.take(chunk)
-                    if out is not None:
-                        yield out
-                run.ended()
+        for attempt, request in run.plan():
+            with run.attempting():
+                async for out in run.apass_on(attempt.backend.astream(request)):
+                    yield out
                 return
-            except GeneratorExit:
-                raise
-            except BaseException as exc:  # noqa: BLE001 - classified in failed(), re-raised if final
-                run.failed(exc)
-            finally:
-                run.settle()
-                aclose = getattr(stream, "aclose", None)
-                if aclose is not None:
-                    await aclose()
         run.exhausted()
 
     def snapshot(self) -> RouteInfo:
         """The route as it stands now, as a copy no later switch will change."""
-        return self.route.model_copy(update={"fallbacks": [dict(f) for f in self.route.fallbacks]})
-
-    def _record(self, failed: Attempt, nxt: Attempt, exc: BaseException, at_chars: int) -> None:
-        cause = cause_of(exc, failed.side)
-        self.route.fallbacks.append({
-            "from": failed.side, "from_backend": failed.label or failed.backend.name,
-            "to": nxt.side, "to_backend": nxt.label or nxt.backend.name,
-            "cause": cause, "error": str(exc)[:300], "at_chars": at_chars,
-            "at_tokens": sum(p.completion_tokens for p in self.parts),
-        })
-        if self.on_fallback is not None:
-            self.on_fallback(failed.side, nxt.side, cause, at_chars)
+        return self.recorder.snapshot()
 
     def _continuation(self, partial: str) -> ChatRequest:
         """The request that continues ``partial``: prompt + the partial answer as an open turn."""
-        done_tokens = sum(p.completion_tokens for p in self.parts)  # called before the next part starts
-        update: dict[str, Any] = {
-            "messages": [*self.request.messages, ChatMessage(role="assistant", content=partial)],
-            "continue_final_message": True,
-            "add_generation_prompt": False,
-        }
-        if self.request.max_tokens is not None:
-            update["max_tokens"] = max(1, self.request.max_tokens - done_tokens)
-        return self.request.model_copy(update=update)
+        return continuation(self.request, partial, sum(p.completion_tokens for p in self.parts))
 
-    def _usage(self, reported: Usage | None) -> Usage:
-        if len(self.parts) == 1 and reported is not None:
-            return reported  # one backend answered: its own count (with cached tokens) stands
-        earlier = sum(p.completion_tokens for p in self.parts[:-1])
-        # the caller's prompt: the first part's count, else the last part's minus the partial answer
-        prompt = (self.parts[0].prompt_tokens or max(0, self.parts[-1].prompt_tokens - earlier)) if self.parts else 0
-        completion = sum(p.completion_tokens for p in self.parts)
-        return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
+
+def continuation(request: ChatRequest, partial: str, done_tokens: int = 0, **update: Any) -> ChatRequest:
+    """``request`` continued after ``partial`` more answer text (``done_tokens`` of ``max_tokens``
+    used): the partial answer becomes an open assistant turn, or extends the one ``request``
+    already continues. ``update``: further fields (a span's own ``max_tokens``, logprobs)."""
+    changes: dict[str, Any] = dict(update)
+    if partial:
+        messages = list(request.messages)
+        if request.continue_final_message:  # the caller's own partial answer goes first
+            last = messages[-1]
+            messages[-1] = ChatMessage(role=last.role, content=last.content + partial)
+        else:
+            messages.append(ChatMessage(role="assistant", content=partial))
+        changes.update(messages=messages, continue_final_message=True, add_generation_prompt=False)
+    if request.max_tokens is not None:
+        left = max(0, request.max_tokens - done_tokens)
+        changes["max_tokens"] = max(1, min(left, changes.get("max_tokens") or left))
+    return request.model_copy(update=changes)
 
 
 class _Failover:
@@ -306,6 +276,7 @@ class _Failover:
 
     def __init__(self, owner: FailoverStream) -> None:
         self.owner = owner
+        self.recorder = owner.recorder
         self.delivered: list[str] = []
         self.head: ChatCompletionChunk | None = None  # id/created/model of the caller's stream
         self.last_error: BaseException | None = None
@@ -315,9 +286,56 @@ class _Failover:
         self.part: Part | None = None
         self.started = 0.0
         self.verdict = False
-        self._snapshot: RouteInfo | None = None
         self.calls: dict[int, ToolCallDelta] = {}  # the current attempt's calls, not yet passed on
         self.calls_delivered = 0
+        handover = owner.handover
+        if handover is not None:
+            self.pending_from = (handover.attempt, handover.error)
+            self.last_error = handover.error  # raised (typed) when no other backend can take over
+            self.head = handover.head
+            self.failed_at = time.perf_counter()
+
+    def plan(self) -> Iterator[tuple[Attempt, ChatRequest]]:
+        """Each attempt that may run, with the request it runs (after a failure: the continuation)."""
+        for attempt in self.owner.attempts:
+            request = self.begin(attempt)
+            if request is not None:
+                yield attempt, request
+
+    @contextlib.contextmanager
+    def attempting(self) -> Iterator[None]:
+        """Around one attempt: a failure is classified (:meth:`failed` re-raises what no other
+        backend may take over; a cancellation or interrupt passes through untouched)."""
+        try:
+            yield
+        except Exception as exc:  # noqa: BLE001 - classified in failed(), re-raised if final
+            self.failed(exc)
+        finally:
+            self.settle()
+
+    def pass_on(self, stream: Iterator[ChatCompletionChunk]) -> Iterator[ChatCompletionChunk]:
+        """What the caller gets of one attempt's stream; raises when it ends unfinished."""
+        try:
+            for chunk in stream:
+                yield from self.kept(chunk)
+            self.ended()
+        finally:
+            close_stream(stream)
+
+    async def apass_on(self, chunks: AsyncIterator[ChatCompletionChunk]) -> AsyncIterator[ChatCompletionChunk]:
+        """Async twin of :meth:`pass_on`."""
+        try:
+            async for chunk in chunks:
+                for out in self.kept(chunk):
+                    yield out
+            self.ended()
+        finally:
+            await aclose_stream(chunks)
+
+    def kept(self, chunk: ChatCompletionChunk) -> tuple[ChatCompletionChunk, ...]:
+        """What the caller gets for ``chunk``: it (as :meth:`take` made it), or nothing."""
+        out = self.take(chunk)
+        return () if out is None else (out,)
 
     def _hold_calls(self, chunk: ChatCompletionChunk, finished: bool) -> bool:
         """Take the tool-call pieces off ``chunk``; put back the calls that are complete (every one
@@ -344,7 +362,7 @@ class _Failover:
         return took
 
     def begin(self, attempt: Attempt) -> ChatRequest | None:
-        """The request ``attempt`` should run, or None when its circuit is open."""
+        """The request ``attempt`` should run, or None when it cannot take over."""
         owner = self.owner
         if self.delivered and not attempt.backend.supports_continuation:
             # it cannot continue a partial answer, and restarting would repeat delivered text
@@ -353,22 +371,23 @@ class _Failover:
         if not attempt.breaker.allow():
             owner.skipped.append(f"{attempt.label or attempt.side}: circuit open")
             return None
-        if self.pending_from is not None:
-            owner._record(self.pending_from[0], attempt, self.pending_from[1], len("".join(self.delivered)))
-            self.pending_from = None
         text = "".join(self.delivered)
-        owner.route.target, owner.route.backend = attempt.side, attempt.backend.name
-        self._snapshot = None
+        if self.pending_from is not None:
+            failed, exc = self.pending_from
+            prior = owner.handover
+            self.recorder.fell_back(event(
+                failed.side, failed.label or failed.backend.name, attempt.side, attempt.label or attempt.backend.name,
+                cause_of(exc, failed.side), exc, at_chars=len(text) + (prior.chars if prior else 0),
+                at_tokens=sum(p.completion_tokens for p in owner.parts) + (prior.tokens if prior else 0)))
+            self.pending_from = None
+        self.recorder.serving(attempt.side, attempt.backend.name)
+        if attempt.side == "cloud":
+            self.recorder.cloud_call()
         self.attempt, self.verdict = attempt, False
-        self.part = Part(attempt.side, attempt.backend.name)
+        self.part = self.recorder.part(attempt.side, attempt.backend.name)
         owner.parts.append(self.part)
         self.started = time.perf_counter()
         return owner._continuation(text) if text else owner.request
-
-    def _route(self) -> RouteInfo:
-        if self._snapshot is None:
-            self._snapshot = self.owner.snapshot()
-        return self._snapshot
 
     def take(self, chunk: ChatCompletionChunk) -> ChatCompletionChunk | None:
         """What the caller gets for ``chunk`` (None: drop it)."""
@@ -382,31 +401,31 @@ class _Failover:
         held_pieces = self._hold_calls(chunk, finished)
         content = chunk.text
         if content and self.failed_at is not None:
-            owner.route.fallbacks[-1]["resume_s"] = round(time.perf_counter() - self.failed_at, 4)
-            self._snapshot = None
+            self.recorder.resumed(time.perf_counter() - self.failed_at)
             self.failed_at = None
         if content:
             self.delivered.append(content)
             part.chars += len(content)
             part.completion_tokens += 1
+            self.recorder.wrote(attempt.side, 1)
         if chunk.usage is not None:
+            # the backend's exact count replaces one token per chunk
+            self.recorder.wrote(attempt.side, max(0, chunk.usage.completion_tokens - part.completion_tokens))
             part.prompt_tokens = chunk.usage.prompt_tokens
             part.completion_tokens = chunk.usage.completion_tokens
+            part.cached_tokens = chunk.usage.cached_tokens
         if finished:
             part.ok, part.seconds = True, time.perf_counter() - self.started
+            part.calls = 1
             attempt.breaker.success()
             self.verdict = True
-            chunk.usage = owner._usage(chunk.usage)
-            chunk.route = owner.snapshot()
-            if owner.finalize is not None:
-                owner.finalize(chunk, owner.parts)
-            return chunk
-        if len(owner.parts) > 1 and not content and chunk.choices and chunk.choices[0].delta.role:
+            return self.recorder.finish(chunk, chunk.usage)
+        if (len(owner.parts) > 1 or owner.handover) and not content and chunk.choices and chunk.choices[0].delta.role:
             return None  # a continuing backend's opening role chunk: the caller had one
         if held_pieces and not content and not chunk.choices[0].delta.role and not chunk.choices[0].delta.tool_calls \
                 and chunk.choices[0].logprobs is None and chunk.usage is None:
             return None  # only pieces of a call, held until it is whole
-        chunk.route = self._route()
+        chunk.route = self.recorder.snapshot()
         return chunk
 
     def ended(self) -> None:
@@ -422,6 +441,7 @@ class _Failover:
         attempt, part = self.attempt, self.part
         assert attempt is not None and part is not None
         part.seconds = time.perf_counter() - self.started
+        part.calls = 1
         if self.verdict or not isinstance(exc, Exception):
             raise exc  # after the finish, or a cancellation / interrupt: not the backend's failure
         attempt.breaker.failure()

@@ -33,98 +33,41 @@ of :mod:`edgecloud.backend`), and shares every decision with the sync path.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import itertools
 import os
 import threading
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from .backend import Backend, iterate_in_worker
-from .config import EDGE_RUNTIMES, EdgeCloudSettings, load_settings
+from .answer import AnswerHooks, AnswerRecorder, Part
+from .backend import Backend
+from .collab import AUTO_MODE, MODES, AnswerRun, Mode
+from .config import EdgeCloudSettings, load_settings
 from .errors import ConfigError, InvalidRequestError
-from .fallback import Attempt, CircuitBreaker, FailoverStream, Part
-
-if TYPE_CHECKING:
-    from .collab import CollabRun
+from .fallback import Attempt, CircuitBreaker
 from .observability.client_metrics import ClientMetrics
 from .observability.cost import CostModel, CostTotals
 from .observability.tracing import chat_span
-from .router.cascade import ConfidenceCheck, signals
-from .router.pii import Redaction, StreamingRestore
+from .redaction import RedactedBackend
+from .registry import make_edge_backend
+from .router.cascade import ConfidenceCheck
 from .router.policy import RouteDecision, RoutePolicy
 from .router.scorers import load_scorer
-from .types import ChatCompletionChunk, ChatMessage, ChatRequest, CostInfo, RouteInfo, Usage, collect_chunks
+from .types import ChatCompletionChunk, ChatRequest, CostInfo, NoteCode, Usage
 
-__all__ = ["Hybrid", "make_edge_backend"]
-
-
-def make_edge_backend(runtime: str, model: str, *, n_ctx: int | None = None, device: str = "this") -> Backend:
-    """The edge backend for ``runtime`` (llamacpp, torch or onnx); nothing heavy is imported before it is asked for.
-
-    ``model`` is a catalogue name or GGUF path, or for ``onnx`` an ``edgecloud export onnx`` folder
-    (checked here, so a folder that is not an export fails before anything loads).
-    """
-    if runtime == "torch":
-        from .edge.torch import TorchBackend
-
-        return TorchBackend(model, n_ctx=n_ctx)
-    if runtime == "onnx":
-        from .edge.onnx import OnnxBackend, load_manifest
-
-        load_manifest(model)
-        return OnnxBackend(model, n_ctx=n_ctx, device=device)
-    if runtime == "llamacpp":
-        from .edge.llamacpp import LlamaCppBackend
-
-        return LlamaCppBackend(model, n_ctx=n_ctx, device=device)
-    raise ConfigError(f"unknown edge runtime {runtime!r}; use {', '.join(EDGE_RUNTIMES)}")
-
-Side = Literal["edge", "cloud"]
+__all__ = ["Hybrid", "ModePlan", "make_edge_backend"]
 
 
-class _Redacted(Backend):
-    """A cloud backend seen through a redaction: placeholders out, originals back in."""
+@dataclass
+class ModePlan:
+    """How one answer will be written: the mode, the side that starts, and why (typed notes)."""
 
-    target: ClassVar[Side] = "cloud"
-
-    def __init__(self, inner: Backend, redaction: Redaction, messages: list[dict[str, str]]) -> None:
-        self.inner, self.redaction, self.messages = inner, redaction, messages
-        self.name = inner.name  # type: ignore[misc]
-        self.model_name, self.n_ctx, self.base_url = inner.model_name, inner.n_ctx, inner.base_url
-        self.supports_logprobs = inner.supports_logprobs  # type: ignore[misc]
-        self.supports_continuation = inner.supports_continuation  # type: ignore[misc]
-
-    def _redacted(self, request: ChatRequest) -> ChatRequest:
-        redacted = [ChatMessage(role=m["role"], content=m["content"]) for m in self.messages]
-        extra = request.messages[len(self.messages):]  # a partial answer being continued
-        if extra:
-            originals = {v: k for k, v in self.redaction.mapping.items()}
-            for message in extra:
-                text = message.content
-                for value, placeholder in originals.items():
-                    text = text.replace(value, placeholder)
-                redacted.append(ChatMessage(role=message.role, content=text))
-        return request.model_copy(update={"messages": redacted})
-
-    @staticmethod
-    def _restore(chunk: ChatCompletionChunk, restore: StreamingRestore) -> ChatCompletionChunk:
-        for choice in chunk.choices:
-            if choice.delta.content:
-                choice.delta.content = restore.push(choice.delta.content)
-            if choice.finish_reason is not None:
-                choice.delta.content = (choice.delta.content or "") + restore.flush()
-        return chunk
-
-    def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        restore = StreamingRestore(self.redaction)
-        for chunk in self.inner.stream(self._redacted(request)):
-            yield self._restore(chunk, restore)
-
-    async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
-        restore = StreamingRestore(self.redaction)
-        async for chunk in self.inner.astream(self._redacted(request)):
-            yield self._restore(chunk, restore)
+    mode: str
+    target: str
+    notes: list[tuple[NoteCode, str]] = field(default_factory=list)
 
 
 class Hybrid(Backend):
@@ -235,73 +178,71 @@ class Hybrid(Backend):
         edge = self._edge
         if edge is not None and self.policy.edge_max_context is None and edge.n_ctx:
             self.policy.edge_max_context = edge.n_ctx  # known once the edge model is loaded
-        if not self.clouds:
-            decision = self.policy.decide(request, available=["edge"])
-            if not decision.local_only and not decision.pinned:
-                decision.reason, decision.kind = "edge only: no cloud endpoint configured", "only_side"
-            return decision
-        if not self._edge_configured:
-            decision = self.policy.decide(request, available=["cloud"])
-            if not decision.pinned:
-                decision.reason, decision.kind = "cloud only: no edge model configured", "only_side"
-            return decision
-        return self.policy.decide(request, available=available or ["edge", "cloud"])
+        only = None if self.clouds and self._edge_configured else ("edge" if not self.clouds else "cloud")
+        decision = self.policy.decide(request, available=[only] if only else (available or ["edge", "cloud"]))
+        if only is not None and not decision.pinned and not (only == "edge" and decision.local_only):
+            why = "no cloud endpoint configured" if only == "edge" else "no edge model configured"
+            decision = dataclasses.replace(decision, reason=f"{only} only: {why}", kind="only_side")
+        return decision
 
-    def collab_mode(self, request: ChatRequest, decision: RouteDecision) -> str:
-        """How the sides share this answer: ``off``, ``token``, ``verified`` or ``cascade``.
+    def plan_mode(self, request: ChatRequest, decision: RouteDecision) -> ModePlan:
+        """How the sides share this answer (a mode of :data:`edgecloud.collab.MODES`), and why.
 
-        Nothing is shared when one side is missing or privacy keeps the request on the device.
-        ``auto`` runs token mode for every answer the edge can start, also those the router's
-        score would send to the cloud (the score does not carry over to unseen tasks; the
-        gate reads the edge's own uncertainty while it writes): only ``route="cloud"``, a
-        prompt the edge cannot hold, or an edge that is down start on the cloud
-        (``route="edge"`` says where to start, so it collaborates too). An explicit ``token``
-        or ``verified`` likewise. ``verified`` cannot redact (it sends token ids), so
-        under ``pii="redact"`` it runs token mode.
+        Nothing is shared when one side is missing or privacy keeps the request on the device, nor
+        for an answer held to a grammar (structured output, tool calls: a span would hand a half
+        to another side's grammar). ``auto`` is :data:`edgecloud.collab.AUTO_MODE` for every answer
+        the edge can start, also those the router's score would send to the cloud (the score does
+        not carry over to unseen tasks; a shared mode reads the edge's own uncertainty while it
+        writes): only ``route="cloud"``, a prompt the edge cannot hold, or an edge that is down
+        start on the cloud. A mode that needs the edge's token logprobs falls back to one side
+        under ``auto`` and is a ConfigError when asked for by name; a mode that cannot redact
+        PII runs token mode under ``pii="redact"``.
         """
-        mode = request.collab or self.settings.collab.mode
-        if decision.local_only or mode == "off" or not self.clouds or not self._edge_configured:
-            return "off"
-        if _structured(request):
-            # a span would restart the other side's grammar mid-answer: one side writes it
-            decision.reason += "; structured output is written by one side"
-            return "off"
+        asked = request.collab or self.settings.collab.mode
+        plain = ModePlan("off", decision.target)
+        if decision.local_only or asked == "off" or not self.clouds or not self._edge_configured:
+            return plain
+        fmt = request.response_format
+        if fmt and fmt.get("type") != "text":
+            return ModePlan("off", decision.target, [("structured_one_side", "structured output is written by one side")])
         if request.tool_mode.mode != "none":
-            # a span could cut a call's JSON in two, each half under a different side's grammar
-            decision.reason += "; an answer that may call tools is written by one side"
-            return "off"
+            return ModePlan("off", decision.target,
+                            [("tools_one_side", "an answer that may call tools is written by one side")])
         if not self.edge_breaker.available() or decision.kind in ("context", "unavailable", "only_side"):
-            return "off"
+            return plain
         if decision.pinned and decision.target == "cloud":
-            return "off"
-        if mode == "cascade":
-            return "cascade" if decision.cascade and self.settings.router.cascade and decision.target == "edge" else "off"
+            return plain
+        wanted = MODES[AUTO_MODE if asked == "auto" else asked]
+        if not wanted.shared:  # the cascade: an edge answer checked after the fact
+            cascade = decision.cascade and self.settings.router.cascade and decision.target == "edge"
+            return ModePlan(wanted.name, decision.target) if cascade else plain
         edge = self.edge
         if edge is None:
-            return "off"
-        if not edge.supports_logprobs and mode != "verified":
-            if mode == "auto":
-                return "off"
-            raise ConfigError(f"collab='token' reads the edge's token logprobs; the {edge.name} runtime gives none: "
-                              "use edge_runtime='llamacpp' or collab='off'")
-        if mode == "verified" and decision.redaction is not None:
-            decision.reason += "; verified mode cannot redact PII (it sends token ids): token mode instead"
-            mode = "token"
+            return plain
+        if wanted.needs_logprobs and not edge.supports_logprobs:
+            if asked == "auto":
+                return plain
+            raise ConfigError(f"collab={wanted.name!r} reads the edge's token logprobs; the {edge.name} runtime gives "
+                              "none: use edge_runtime='llamacpp' or collab='off'")
+        notes: list[tuple[NoteCode, str]] = []
+        if decision.redaction is not None and not wanted.can_redact:
+            notes.append(("pii_no_verify", f"{wanted.name} mode cannot redact PII (it sends token ids): "
+                                           f"{AUTO_MODE} mode instead"))
+            wanted = MODES[AUTO_MODE]
         if decision.target == "cloud":
-            decision.target = "edge"
-            decision.reason += "; the edge starts and the cloud writes where it is unsure"
-        return "token" if mode == "auto" else mode
+            notes.append(("edge_starts", "the edge starts and the cloud writes where it is unsure"))
+        return ModePlan(wanted.name, "edge", notes)
 
-    def _attempts(self, decision: RouteDecision, request: ChatRequest) -> list[Attempt]:
+    def _attempts(self, decision: RouteDecision, target: str) -> list[Attempt]:
         clouds = self._cloud_attempts()
         if decision.redaction is not None and decision.messages is not None:
-            clouds = [Attempt(a.side, _Redacted(a.backend, decision.redaction, decision.messages), a.breaker, a.label)
-                      for a in clouds]
+            clouds = [Attempt(a.side, RedactedBackend(a.backend, decision.redaction, decision.messages), a.breaker,
+                              a.label) for a in clouds]
         edge = self._edge_attempt()
         cross = self.settings.fallback.enabled  # a pinned side is where to start, not a reason to fail
         if decision.local_only:
             return edge
-        if decision.target == "edge":
+        if target == "edge":
             return edge + (clouds if cross else [])
         return clouds + (edge if cross else [])
 
@@ -312,7 +253,7 @@ class Hybrid(Backend):
         with run.span() as span:
             run.attach(span)
             try:
-                for chunk in run.chunks_sync():
+                for chunk in run.mode.chunks(run.answer):
                     yield run.seen(chunk)
                 run.ok = True
             except GeneratorExit:  # the caller closed the stream early
@@ -326,7 +267,7 @@ class Hybrid(Backend):
         with run.span() as span:
             run.attach(span)
             try:
-                async for chunk in run.chunks_async():
+                async for chunk in run.mode.achunks(run.answer):
                     yield run.seen(chunk)
                 run.ok = True
             except (GeneratorExit, asyncio.CancelledError):  # the caller closed the stream or was cancelled
@@ -334,37 +275,6 @@ class Hybrid(Backend):
                 raise
             finally:
                 run.end()
-
-    def _judge(self, request: ChatRequest, route: RouteInfo, attempts: list[Attempt], first: FailoverStream,
-               buffered: list[ChatCompletionChunk], on_fallback: Any, finalize: Any) -> FailoverStream | list[ChatCompletionChunk]:
-        """The cascade's verdict on a buffered edge answer: the chunks to replay, or the cloud stream."""
-        answered_on = first.parts[-1].side if first.parts else "edge"
-        if answered_on != "edge" or not buffered:
-            return buffered
-        answer = collect_chunks(buffered)
-        edge = next(a.backend for a in attempts if a.side == "edge")
-        logprobs = [e.logprob for e in answer.choices[0].logprobs.content] if answer.choices[0].logprobs else []
-        prompt = next((m.content for m in reversed(request.messages) if m.role == "user"), "")
-        sig = signals(prompt, answer.text, finish_reason=answer.choices[0].finish_reason, logprobs=logprobs,
-                      route_score=route.score)
-        check = self.confidence.for_backend(edge.supports_logprobs)
-        p_good = check.p_good(sig)
-        if p_good >= check.threshold:
-            route.reason += f"; edge answer accepted (confidence {p_good:.2f})"
-            if not request.logprobs:
-                for chunk in buffered:
-                    for choice in chunk.choices:
-                        choice.logprobs = None
-            buffered[-1].route = first.snapshot()  # the final chunk carries the complete route
-            return buffered
-        clouds = [a for a in attempts if a.side == "cloud"]
-        route.fallbacks.append({"from": "edge", "to": "cloud", "cause": "low_confidence",
-                                "error": f"edge answer confidence {p_good:.2f} < {check.threshold}",
-                                "at_chars": 0})
-        on_fallback("edge", "cloud", "low_confidence", 0)
-        final_parts = list(first.parts)
-        return FailoverStream(clouds, request, route, self.settings.fallback.mid_stream, on_fallback,
-                              lambda chunk, done: finalize(chunk, final_parts + done))
 
     # ------------------------------------------------------------------ accounting
 
@@ -407,7 +317,7 @@ class Hybrid(Backend):
 
 
 class _Run:
-    """One request through :class:`Hybrid`: route, the chunk sources, metrics, cost and span.
+    """One request through :class:`Hybrid`: the plan, the answer's recorder, metrics, cost and span.
 
     Everything but the iteration itself, so that ``Hybrid.stream`` and ``Hybrid.astream`` differ
     only in ``for`` / ``async for``.
@@ -418,20 +328,29 @@ class _Run:
         self.hybrid, self.request = hybrid, request
         self.started = time.perf_counter()
         self.decision = decision = hybrid.decide(request)
-        self.collab = hybrid.collab_mode(request, decision)
-        self.route = RouteInfo(target=decision.target, backend="", reason=decision.reason, score=decision.score,
-                               collab=self.collab)
-        hybrid.metrics.route(decision.target, decision.kind)
-        self.model = hybrid._edge_name() if decision.target == "edge" else (hybrid.settings.cloud_model or "cloud")
-        self.parts: list[Part] = []
+        plan = hybrid.plan_mode(request, decision)
+        hooks = AnswerHooks(on_fallback=self.on_fallback, on_span=self.on_span, finalize=self.finalize)
+        self.recorder = AnswerRecorder(target=plan.target, decided=(decision.kind, decision.reason),  # type: ignore[arg-type]
+                                       score=decision.score, hooks=hooks)
+        for code, text in plan.notes:
+            self.recorder.note(code, text)
+        hybrid.metrics.route(plan.target, decision.kind)
+        self.model = hybrid._edge_name() if plan.target == "edge" else (hybrid.settings.cloud_model or "cloud")
         self.first_token: float | None = None
         self.final: ChatCompletionChunk | None = None
         self.ok = self.cancelled = False
         self._span: Any = None
-        self.attempts = hybrid._attempts(decision, request)
-        if self.collab in ("token", "verified") and {a.side for a in self.attempts} != {"edge", "cloud"}:
-            self.collab = self.route.collab = "off"  # a cloud circuit is open: one side answers
-        self.cascade = self.collab == "cascade"
+        attempts = hybrid._attempts(decision, plan.target)
+        mode = MODES[plan.mode]
+        if mode.shared and {a.side for a in attempts} != {"edge", "cloud"}:
+            mode = MODES["off"]  # a cloud circuit is open: one side answers
+        self.recorder.set_mode(mode.name)
+        if mode.shared:
+            self.recorder.note("collab_mode", f"{mode.name} mode: {mode.describe}")
+        self.mode: Mode = mode()
+        settings = hybrid.settings
+        self.answer = AnswerRun(request, attempts, settings.collab, self.recorder,
+                                mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence)
 
     def span(self) -> Any:
         """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""
@@ -439,86 +358,20 @@ class _Run:
 
     def attach(self, span: Any) -> None:
         self._span = span
-        span.set_route(self.decision.target, "", self.decision.reason, self.decision.score)
+        route = self.recorder.route
+        span.set_route(route.target, "", self.decision.reason, self.decision.score)
 
     def on_fallback(self, from_: str, to: str, cause: str, at_chars: int) -> None:
         self.hybrid.metrics.fallback(from_, to, cause)
         self._span.add_fallback(from_, to, cause, at_chars)
 
-    def finalize(self, chunk: ChatCompletionChunk, done: list[Part]) -> None:
-        self.parts[:] = done
-        if self.route.tokens is None or self.collab in ("off", "cascade"):
-            # who wrote how much, from the parts (a collaborative run counts as it goes)
-            tokens = {"edge": 0, "cloud": 0}
-            for part in done:
-                tokens[part.side] += part.completion_tokens
-            self.route.tokens, self.route.cloud_calls = tokens, sum(p.side == "cloud" for p in done)
-            if chunk.route is not None:
-                chunk.route.tokens, chunk.route.cloud_calls = dict(tokens), self.route.cloud_calls
-        chunk.cost = self.hybrid._cost(self.parts, chunk.usage)
-        self.final = chunk
-
     def on_span(self, mode: str, outcome: str, cloud_tokens: int, seconds: float) -> None:
         self.hybrid.metrics.collab_span(mode, outcome)
         self._span.add_span_event(mode, outcome, cloud_tokens, seconds)
 
-    def _collab(self) -> CollabRun:
-        """The collaborative run for this request (token or verified mode)."""
-        from .collab import CollabHooks, TokenCollab, VerifiedCollab
-
-        edge = next(a.backend for a in self.attempts if a.side == "edge")
-        clouds = [a for a in self.attempts if a.side == "cloud"]
-        hooks = CollabHooks(on_fallback=self.on_fallback, finalize=self.finalize, on_span=self.on_span)
-        kind = TokenCollab if self.collab == "token" else VerifiedCollab
-        self.route.reason += f"; {self.collab} mode: the edge writes, the cloud " + (
-            "writes spans where the edge is unsure" if self.collab == "token" else "verifies its drafts")
-        return kind(self.request, edge, clouds, self.hybrid.settings.collab, self.route, hooks)
-
-    def _stream(self, attempts: list[Attempt], request: ChatRequest) -> FailoverStream:
-        # a structured answer cannot be continued by another side's grammar: after text, a failure is raised
-        mid_stream = self.hybrid.settings.fallback.mid_stream and not _structured(request)
-        return FailoverStream(attempts, request, self.route, mid_stream, self.on_fallback, self.finalize)
-
-    def _probe(self) -> ChatRequest:
-        """The cascade's edge request: with logprobs when the edge runtime gives them (a signal)."""
-        edge = next(a.backend for a in self.attempts if a.side == "edge")
-        if self.request.logprobs or not edge.supports_logprobs:
-            return self.request
-        return self.request.model_copy(update={"logprobs": True})
-
-    def chunks_sync(self) -> Iterable[ChatCompletionChunk]:
-        if self.collab in ("token", "verified"):
-            yield from self._collab().chunks()
-            return
-        if not self.cascade:
-            yield from self._stream(self.attempts, self.request)
-            return
-        first = self._stream(self.attempts, self._probe())
-        verdict = self.hybrid._judge(self.request, self.route, self.attempts, first, list(first),
-                                     self.on_fallback, self.finalize)
-        yield from verdict
-
-    async def chunks_async(self) -> AsyncIterator[ChatCompletionChunk]:
-        if self.collab in ("token", "verified"):
-            # the edge decodes on a worker thread anyway: the whole collaborative loop runs there
-            run = self._collab()
-            async for chunk in iterate_in_worker(run.chunks):
-                yield chunk
-            return
-        if not self.cascade:
-            async for chunk in self._stream(self.attempts, self.request):
-                yield chunk
-            return
-        first = self._stream(self.attempts, self._probe())
-        buffered = [chunk async for chunk in first]
-        verdict = self.hybrid._judge(self.request, self.route, self.attempts, first, buffered,
-                                     self.on_fallback, self.finalize)
-        if isinstance(verdict, FailoverStream):
-            async for chunk in verdict:
-                yield chunk
-        else:
-            for chunk in verdict:
-                yield chunk
+    def finalize(self, chunk: ChatCompletionChunk, parts: list[Part]) -> None:
+        chunk.cost = self.hybrid._cost(parts, chunk.usage)
+        self.final = chunk
 
     def seen(self, chunk: ChatCompletionChunk) -> ChatCompletionChunk:
         if self.first_token is None and chunk.text:
@@ -527,25 +380,19 @@ class _Run:
         return chunk
 
     def end(self) -> None:
-        hybrid, route, last = self.hybrid, self.route, self.final
-        cost = last.cost if last is not None else hybrid._cost(self.parts)
+        hybrid, route, last = self.hybrid, self.recorder.route, self.final
+        cost = last.cost if last is not None else hybrid._cost(self.recorder.parts)
         hybrid.metrics.request(route.target, ttft=self.first_token, e2e=time.perf_counter() - self.started,
                                usage=last.usage if last else None, cost=cost, ok=self.ok, cancelled=self.cancelled)
         if self.ok and cost is not None:
             hybrid.totals.add(cost, route.target, fallbacks=len(route.fallbacks), tokens=route.tokens)
-        if self.ok and self.collab in ("token", "verified") and route.tokens:
+        if self.ok and self.mode.shared and route.tokens:
             hybrid.metrics.collab_answer(route.tokens)
         if last is not None:
             finish = last.choices[0].finish_reason if last.choices else None
             self._span.set_route(route.target, route.backend, route.reason, route.score)
             self._span.set_response(model=last.model, response_id=last.id, finish_reason=finish,
                                     usage=last.usage, cost=cost)
-
-
-def _structured(request: ChatRequest) -> bool:
-    """Whether the answer is held to a grammar (``response_format`` json_object / json_schema)."""
-    fmt = request.response_format
-    return bool(fmt) and fmt.get("type") != "text"
 
 
 def settings_from(config: Any = None, **overrides: Any) -> EdgeCloudSettings:

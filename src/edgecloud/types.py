@@ -39,12 +39,17 @@ __all__ = [
     "Usage",
     "PromptTokensDetails",
     "RouteInfo",
+    "RouteNote",
+    "FallbackEvent",
+    "NoteCode",
+    "Side",
     "TopLogprob",
     "TokenLogprob",
     "ChoiceLogprobs",
     "AssistantMessage",
     "Choice",
     "ChatCompletion",
+    "Envelope",
     "ChoiceDelta",
     "ChunkChoice",
     "ChatCompletionChunk",
@@ -485,20 +490,93 @@ class Usage(BaseModel):
         return data
 
 
+Side = Literal["edge", "cloud"]
+
+
+class FallbackEvent(BaseModel):
+    """One switch of an answer from one backend to another: who failed, why, and where in the answer.
+
+    Serialized with OpenAI-style keys (``from``, ``to`` ...); read fields as attributes
+    (``event.cause``) or, like the JSON, by key (``event["cause"]``, ``event.get("resume_s")``).
+    """
+
+    model_config = ConfigDict(frozen=True, populate_by_name=True, serialize_by_alias=True)
+
+    from_: Side = Field(alias="from")
+    from_backend: str = ""
+    to: Side
+    to_backend: str = ""
+    #: The typed failure cause (:data:`edgecloud.errors.FailureCause`, or ``low_confidence``).
+    cause: str
+    error: str = ""
+    #: Characters and answer tokens delivered before the switch.
+    at_chars: int = 0
+    at_tokens: int = 0
+    #: Seconds from the failure to the next backend's first text (set once it wrote).
+    resume_s: float | None = None
+    #: What the failed request was for, in a collaborative answer (``span``, ``verification``).
+    during: str | None = None
+
+    def __getitem__(self, key: str) -> Any:
+        name = "from_" if key == "from" else key
+        if name not in type(self).model_fields:
+            raise KeyError(key)
+        return vars(self)[name]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The field named ``key`` (a JSON key), or ``default`` when it is unset or unknown."""
+        try:
+            value = self[key]
+        except KeyError:
+            return default
+        return default if value is None else value
+
+
+#: Why a route looks the way it does, as stable codes (the ``reason`` is their words joined). The
+#: first note is the router's decision, coded by the rule that decided (``privacy``, ``pii``,
+#: ``pinned``, ``unavailable``, ``context``, ``score``, ``cascade``, ``only_side``); then what the
+#: answer's mode added.
+NoteCode = Literal[
+    "privacy", "pii", "pinned", "unavailable", "context", "score", "cascade", "only_side",
+    "structured_one_side", "tools_one_side", "edge_starts", "collab_mode", "pii_no_verify", "cascade_accepted",
+    "verified_rounds", "policy", "budget", "session",
+]
+
+
+class RouteNote(BaseModel):
+    """One typed fact about how an answer was routed or shared (``code``), in words (``text``)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    code: NoteCode
+    text: str
+    value: float | None = None
+
+
 class RouteInfo(BaseModel):
-    """Where a request ran and why (edgecloud's extension to the OpenAI shapes)."""
+    """Where a request ran and why (edgecloud's extension to the OpenAI shapes).
+
+    Built by the request's :class:`~edgecloud.answer.AnswerRecorder`: ``reason`` is the
+    router's decision followed by the words of each note in ``notes``.
+    """
 
     target: Literal["edge", "cloud"]
     backend: str
     reason: str = ""
     score: float | None = None
-    fallbacks: list[dict[str, Any]] = Field(default_factory=list)
+    fallbacks: list[FallbackEvent] = Field(default_factory=list)
+    #: Typed facts behind ``reason`` (test and branch on these, not on the words).
+    notes: list[RouteNote] = Field(default_factory=list)
     #: Answer tokens each side generated (``{"edge": n, "cloud": m}``), on the final chunk.
     tokens: dict[str, int] | None = None
     #: Requests sent to the cloud for this answer (spans, verifications, a whole answer).
     cloud_calls: int | None = None
     #: How the sides shared the answer: ``off``, ``token``, ``verified`` or ``cascade``.
     collab: str | None = None
+
+    def noted(self, code: str) -> RouteNote | None:
+        """The last note with ``code``, or None."""
+        return next((n for n in reversed(self.notes) if n.code == code), None)
 
 
 class CostInfo(BaseModel):
@@ -546,11 +624,16 @@ class Choice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletion(BaseModel):
+class Envelope(BaseModel):
+    """What every answer and streamed chunk carries (chat or text): its id, creation time and model."""
+
     id: str
-    object: Literal["chat.completion"] = "chat.completion"
     created: int
     model: str
+
+
+class ChatCompletion(Envelope):
+    object: Literal["chat.completion"] = "chat.completion"
     choices: list[Choice]
     usage: Usage = Field(default_factory=Usage)
     route: RouteInfo | None = None
@@ -575,11 +658,8 @@ class ChunkChoice(BaseModel):
     logprobs: ChoiceLogprobs | None = None
 
 
-class ChatCompletionChunk(BaseModel):
-    id: str
+class ChatCompletionChunk(Envelope):
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
-    created: int
-    model: str
     choices: list[ChunkChoice] = Field(default_factory=list)
     usage: Usage | None = None
     route: RouteInfo | None = None

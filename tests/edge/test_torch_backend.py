@@ -19,7 +19,7 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("llama_cpp")
 
-from cloud.test_engine import _check_parity  # the engine's llama.cpp parity check, reused
+from engine.test_engine import _check_parity  # the engine's llama.cpp parity check, reused
 
 from edgecloud.engine import generate
 from edgecloud.edge.op_fallback import CpuFallback, DeviceCaps, device_caps

@@ -104,7 +104,7 @@ def test_accepted_edge_answer_is_replayed(runtime: str, request: pytest.FixtureR
     with _client(edge, server, _check(0.4, 0.4)) as client:
         chunks, route = _ask(client)
     assert route.target == "edge" and route.backend == edge.name and route.fallbacks == []
-    assert "accepted" in route.reason
+    assert route.noted("cascade_accepted") is not None
     assert "".join(c.text for c in chunks).strip()
     # the probe asked the edge for logprobs (a signal); the caller did not, and sees none
     assert all(choice.logprobs is None for c in chunks for choice in c.choices)
@@ -131,7 +131,7 @@ def test_runtime_without_logprobs_is_judged_by_the_plain_check(llamacpp_edge: Ba
     assert route.target == "cloud" and route.fallbacks[0]["cause"] == "low_confidence"
     with _client(edge, server, _check(0.6, 0.4)) as client:
         chunks, route = _ask(client)
-    assert route.target == "edge" and "accepted" in route.reason
+    assert route.target == "edge" and route.noted("cascade_accepted") is not None
 
 
 def test_async_cascade_escalates_too(llamacpp_edge: Backend, server: ServeProcess) -> None:

@@ -41,8 +41,10 @@ def read_texts(path: Path) -> dict[str, str]:
                 continue
             try:
                 row = json.loads(line)
+                if not isinstance(row, dict):
+                    raise ValueError("not a JSON object")
                 texts[str(row.get("name") or f"line{n}")] = str(row["text"])
-            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:
                 raise typer.BadParameter(f"{path}:{n}: want a JSON object with a 'text' field ({exc})",
                                          param_hint="--data") from None
     else:

@@ -21,6 +21,11 @@ DEFAULT_CLOUD = "qwen2.5-coder-1.5b-instruct-q4"
 def label_command(
     out: Path = typer.Option(Path("outcomes.jsonl"), "--out", help="Outcome file to write (JSONL)."),
     suites: str = typer.Option(",".join(SUITES), "--suites", help=f"Comma-separated suites: {', '.join(SUITES)}."),
+    corpus: str = typer.Option(
+        "", "--corpus",
+        help="Comma-separated families of the development corpus ('all' for every one) instead of --suites; "
+             "every task at the corpus's max_tokens.",
+    ),
     sides: str = typer.Option("edge,cloud", "--sides", help="Which sides to run now: edge, cloud or both."),
     edge_model: str = typer.Option(DEFAULT_EDGE, "--edge-model", help="The edge model (name or .gguf path)."),
     cloud_model: str = typer.Option(DEFAULT_CLOUD, "--cloud-model", help="The cloud model (name or .gguf path)."),
@@ -42,9 +47,14 @@ def label_command(
     from ..edge.llamacpp import LlamaCppBackend
     from ..runtime.llamacpp_batch import BatchedGreedy
     from ..router.training.label import label_side, merge_outcomes
+    from ..router.training.corpus import CORPUS_FAMILIES, load_corpus
     from ..router.training.tasks import load_tasks
 
-    tasks = load_tasks([s.strip() for s in suites.split(",") if s.strip()])
+    if corpus:
+        families = CORPUS_FAMILIES if corpus == "all" else [s.strip() for s in corpus.split(",") if s.strip()]
+        tasks = load_corpus(families)
+    else:
+        tasks = load_tasks([s.strip() for s in suites.split(",") if s.strip()])
     random.Random(0).shuffle(tasks)  # every prefix of the run covers every suite
     if limit:
         tasks = tasks[:limit]
@@ -127,11 +137,13 @@ def score_command(
                 if not isinstance(item, dict):
                     raise ValueError("a request line must be a JSON object")
                 ident = item.get("id", n)
-                if not isinstance(item.get("messages", item.get("prompt")), (list, str)):
-                    raise ValueError("give 'messages' (a list) or 'prompt' (a string)")
+                said = item.get("messages", item.get("prompt"))
+                if not isinstance(said, (list, str)) or (isinstance(said, list) and not all(isinstance(m, dict)
+                                                                                             for m in said)):
+                    raise ValueError("give 'messages' (a list of message objects) or 'prompt' (a string)")
                 decision = policy.decide(item)
                 value = decision.score if decision.score is not None else chosen.score(item)
-            except (ValueError, TypeError, AttributeError, EdgeCloudError) as exc:
+            except (ValueError, TypeError, EdgeCloudError) as exc:
                 typer.echo(json.dumps({"id": ident, "error": f"line {n}: {exc}"}))
                 continue
             target = "edge_then_cloud" if decision.cascade else decision.target

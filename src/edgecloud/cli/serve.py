@@ -17,21 +17,12 @@ import typer
 
 from ..errors import EdgeCloudError
 
-ENGINES = ("auto", "llamacpp", "torch", "vllm")
 QUANTS = ("auto", "fp32", "bf16", "fp8")
 #: ``--spec`` values (kept here so the CLI does not import torch to check an argument).
 SPEC_MODES = ("draft", "ngram", "auto", "off")
 DEFAULT_CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct-q4"
 DEFAULT_MAX_BATCH = 8
 DEFAULT_MAX_QUEUE = 64
-
-#: Options each engine takes besides the common ones (for "not on this engine" errors).
-ENGINE_OPTIONS: dict[str, frozenset[str]] = {
-    "llamacpp": frozenset({"--max-queue", "--threads", "--draft-model", "--spec", "--spec-k-max"}),
-    "torch": frozenset({"--quant", "--max-queue", "--quant-config", "--draft-model", "--spec", "--spec-k-max"}),
-    "vllm": frozenset({"--quant", "--tensor-parallel-size", "--dry-run", "--tokenizer", "--vllm-arg", "--vllm-python",
-                       "--threads", "--draft-model", "--spec", "--spec-k-max"}),
-}
 
 
 def _fail(message: str) -> typer.Exit:
@@ -83,17 +74,26 @@ def serve_command(
     log_level: str = typer.Option("info", "--log-level", help="uvicorn log level."),
 ) -> None:
     """Serve a model over the OpenAI API (/v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)."""
-    if engine not in ENGINES:
-        raise _fail(f"unknown engine {engine!r}; use one of {', '.join(ENGINES)}")
+    from ..serving.engines import ENGINES, ServeOptions
+
+    if engine not in ("auto", *ENGINES):
+        raise _fail(f"unknown engine {engine!r}; use one of auto, {', '.join(ENGINES)}")
     if quant is not None and quant not in QUANTS:
         raise _fail(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
-    spec_mode = spec or ("auto" if draft_model else "off")
-    if spec_mode not in SPEC_MODES:
-        raise _fail(f"unknown --spec {spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
-    if spec_mode in ("draft", "auto") and not draft_model:
-        raise _fail(f"--spec {spec_mode} needs --draft-model (e.g. qwen2.5-coder-0.5b-instruct-q4 for a qwen2.5-coder target)")
-    logging.basicConfig(level=getattr(logging, log_level.upper(), logging.INFO), format="edgecloud: %(message)s")
-    key = api_key or os.environ.get("EDGECLOUD_API_KEY")
+    options = ServeOptions(
+        model=model, max_batch=max_batch, ctx=ctx, quant=quant, max_queue=max_queue, threads=threads,
+        quant_config=quant_config, tensor_parallel_size=tensor_parallel_size, tokenizer=tokenizer,
+        vllm_args=list(vllm_args), vllm_python=vllm_python, dry_run=dry_run, draft_model=draft_model, spec=spec,
+        spec_k_max=spec_k_max, host=host, port=port, api_key=api_key or os.environ.get("EDGECLOUD_API_KEY"),
+        served_model_name=served_model_name,
+    )
+    if options.spec_mode not in SPEC_MODES:
+        raise _fail(f"unknown --spec {options.spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
+    if options.spec_mode in ("draft", "auto") and not draft_model:
+        raise _fail(f"--spec {options.spec_mode} needs --draft-model (e.g. qwen2.5-coder-0.5b-instruct-q4 for a "
+                    "qwen2.5-coder target)")
+    level = logging.getLevelName(log_level.upper())
+    logging.basicConfig(level=level if isinstance(level, int) else logging.INFO, format="edgecloud: %(message)s")
     given = {
         "--quant": quant is not None, "--max-queue": max_queue is not None, "--threads": threads is not None,
         "--quant-config": quant_config is not None, "--tensor-parallel-size": tensor_parallel_size is not None,
@@ -101,37 +101,19 @@ def serve_command(
         "--dry-run": dry_run, "--draft-model": draft_model is not None, "--spec": spec is not None,
     }
     try:
-        if engine == "auto":
-            engine = _auto_engine(vllm_python)
-        refused = sorted(name for name, set_ in given.items() if set_ and name not in ENGINE_OPTIONS[engine])
+        chosen = ENGINES[_auto_engine(vllm_python) if engine == "auto" else engine]
+        refused = chosen.refused(given)
         if refused:
-            raise _fail(f"{', '.join(refused)} {'does' if len(refused) == 1 else 'do'} not apply to --engine {engine}; "
-                        f"leave {'it' if len(refused) == 1 else 'them'} out or pick another engine")
-        if engine == "vllm":
-            if spec is None and draft_model:
-                spec_mode = "draft"  # vLLM has no adaptive choice between proposers
-            raise typer.Exit(_serve_vllm(
-                model=model, host=host, port=port, api_key=key, quant=quant or "auto", max_batch=max_batch, ctx=ctx,
-                tensor_parallel_size=tensor_parallel_size, served_model_name=served_model_name, tokenizer=tokenizer,
-                threads=threads, spec=spec_mode, draft_model=draft_model, spec_k_max=spec_k_max,
-                extra_args=list(vllm_args), python=vllm_python, dry_run=dry_run,
-            ))
+            raise _fail(f"{', '.join(refused)} {'does' if len(refused) == 1 else 'do'} not apply to --engine "
+                        f"{chosen.name}; leave {'it' if len(refused) == 1 else 'them'} out or pick another engine")
+        if chosen.launch is not None:
+            raise typer.Exit(chosen.launch(options))
+        assert chosen.build is not None
         from ..serving.server import serve
 
-        if engine == "torch":
-            backend = _torch_backend(model, quant or "auto", ctx, max_batch, max_queue, quant_config, spec_mode,
-                                     spec_k_max, draft_model)
-        else:
-            from ..serving.llamacpp_engine import LlamaCppEngineBackend
-            from ..serving.speculative.adaptive import SpecConfig
-
-            backend = LlamaCppEngineBackend(
-                model, n_ctx=ctx, max_batch=max_batch, max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue,
-                threads=threads, speculative=SpecConfig(mode=spec_mode, k_max=spec_k_max),  # type: ignore[arg-type]
-                draft_model=draft_model,
-            )
-        serve(backend, host, port, model_name=served_model_name, api_key=key, log_level=log_level,
-              on_loaded=lambda: _note(_loaded_line(engine, backend)))
+        backend = chosen.build(options)
+        serve(backend, host, port, model_name=served_model_name, api_key=options.api_key, log_level=log_level,
+              on_loaded=lambda: _note(backend.describe()))
     except EdgeCloudError as exc:
         raise _fail(str(exc)) from None
 
@@ -145,41 +127,3 @@ def _auto_engine(vllm_python: str | None) -> str:
     choice = choose_engine(vllm_version=found.version if usable else None, vllm_on_cpu=bool(found and found.cpu))
     _note(f"--engine auto: {choice.engine}: {choice.reason}")
     return choice.engine
-
-
-def _loaded_line(engine: str, backend: object) -> str:
-    name = getattr(backend, "model_name", "")
-    if engine == "torch":
-        return (f"torch engine serving {name} in {getattr(backend, 'precision', '?')} on "
-                f"{getattr(backend, 'device', '?')} ({getattr(backend, 'precision_reason', '')})")
-    return f"llama.cpp engine serving {name}: {getattr(backend, 'max_batch', '?')} slots of {getattr(backend, 'n_ctx', '?')} tokens"
-
-
-def _torch_backend(model: str, quant: str, ctx: int | None, max_batch: int, max_queue: int | None,
-                   quant_config: str | None, spec_mode: str, spec_k_max: int, draft_model: str | None) -> object:
-    from ..serving.engine_backend import TorchEngineBackend
-    from ..serving.engine_choice import choose_precision
-    from ..serving.speculative import SpecConfig
-
-    device, chosen, _ = choose_precision(quant)
-    keep: tuple[str, ...] = ()
-    if quant_config is not None:
-        from ..quant.compare import load_quant_config
-
-        keep = tuple(load_quant_config(quant_config).keep_high_precision)
-        if chosen not in ("fp8", "fp8-checked"):
-            raise _fail(f"--quant-config applies to fp8 weights; this server runs {chosen}")
-    return TorchEngineBackend(
-        model, precision="auto" if quant == "auto" else chosen, n_ctx=ctx, device=device, max_batch=max_batch,
-        max_queue=DEFAULT_MAX_QUEUE if max_queue is None else max_queue, fp8_skip=keep,
-        speculative=SpecConfig(mode=spec_mode, k_max=spec_k_max),  # type: ignore[arg-type]
-        draft_model=draft_model,
-    )
-
-
-def _serve_vllm(*, python: str | None, dry_run: bool, **options: object) -> int:
-    from ..serving.vllm import VLLMSettings
-    from ..serving.vllm_launch import launch_vllm
-
-    settings = VLLMSettings(**options)  # type: ignore[arg-type]
-    return launch_vllm(settings, python=python, dry_run=dry_run)

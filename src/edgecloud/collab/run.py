@@ -1,51 +1,130 @@
-"""What every collaborative answer shares: one stream to the caller, parts, failures, the final chunk.
+"""What every way of writing an answer shares: the mode interface, its registry, and the shared-answer base.
 
-This module owns :class:`CollabRun`, the base of token mode (:mod:`.token`) and verified mode
-(:mod:`.verified`): it emits the caller's chunks (each one's ``route`` says which side wrote
-it), keeps one :class:`~edgecloud.fallback.Part` per edge segment and per cloud request (cost
-and usage split by side), records a failed cloud request in ``route.fallbacks`` and on its
-circuit breaker, lets the other side finish the answer when one side fails for good, and
-builds the final chunk (finish reason, usage, ``route.tokens``, ``route.cloud_calls``).
+This module owns:
 
-It also owns :func:`pump`, which reads a stream on a helper thread so a cloud request can be
-given up at a deadline (a stalled span must not stall the answer).
+* :class:`AnswerRun` - everything a mode needs for one request: the request, the attempts
+  (edge and cloud backends with their circuit breakers), the settings, and the answer's
+  :class:`~edgecloud.answer.AnswerRecorder` (the only place a mode reports to);
+* :class:`Mode` and :data:`MODES` - one strategy per way of sharing an answer (``off``: one side
+  writes it through the failover; ``cascade``; ``token``; ``verified``); a new mode is one
+  module and one :func:`register_mode` line;
+* :class:`SharedAnswer` - the base of the modes in which both sides write (token, verified):
+  the caller's one stream (each chunk's ``route`` says which side wrote it), token counting,
+  recorded cloud failures, the final chunk; when the edge fails mid-answer it hands the rest to
+  the one failover (:class:`~edgecloud.fallback.FailoverStream` with a
+  :class:`~edgecloud.fallback.Handover`), as a plain answer would;
+* :func:`pump` - reading a cloud stream on a helper thread so a span can be given up at a
+  deadline (a stalled span must not stall the answer).
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-import time
-from collections.abc import Callable, Iterator
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from ..backend import Backend
+from ..answer import AnswerRecorder, Part, event
+from ..backend import ChatTokenizer, close_stream, iterate_in_worker
 from ..config import CollabSettings
-from ..errors import (
-    AuthenticationError,
-    BackendError,
-    ConfigError,
-    EdgeCloudError,
-    ModelError,
-)
-from ..fallback import Attempt, Part, can_fall_back, cause_of
+from ..errors import AuthenticationError, BackendError, ConfigError, ModelError
+from ..fallback import Attempt, FailoverStream, Handover, can_fall_back, cause_of, continuation
+from ..router.cascade import ConfidenceCheck
 from ..types import (
     ChatCompletionChunk,
-    ChatMessage,
     ChatRequest,
     ChoiceDelta,
     ChoiceLogprobs,
     ChunkChoice,
     FinishReason,
-    RouteInfo,
     TokenLogprob,
-    Usage,
     new_completion_id,
     now,
 )
 
-__all__ = ["CollabHooks", "CollabRun", "SpanDeadline", "pump", "read_chunk"]
+__all__ = [
+    "MODES", "AnswerRun", "Mode", "SharedAnswer", "SharedMode", "SpanDeadline", "pump", "read_chunk", "register_mode",
+]
+
+
+@dataclass
+class AnswerRun:
+    """One request as a mode sees it (built by :class:`~edgecloud.hybrid.Hybrid`)."""
+
+    request: ChatRequest
+    #: Backends to use, in failover order (the chosen side first).
+    attempts: list[Attempt]
+    settings: CollabSettings
+    recorder: AnswerRecorder
+    #: Whether a stream broken after some text continues on another backend.
+    mid_stream: bool = True
+    #: The cascade's check of a finished edge answer (None: the packaged one).
+    confidence: ConfidenceCheck | None = None
+
+    @property
+    def edge(self) -> Attempt | None:
+        return next((a for a in self.attempts if a.side == "edge"), None)
+
+    @property
+    def clouds(self) -> list[Attempt]:
+        return [a for a in self.attempts if a.side == "cloud"]
+
+    def failover(self, request: ChatRequest | None = None, attempts: list[Attempt] | None = None,
+                 handover: Handover | None = None) -> FailoverStream:
+        """The one failover over ``attempts`` (default: all) for ``request`` (default: the caller's)."""
+        return FailoverStream(self.attempts if attempts is None else attempts, request or self.request, self.recorder,
+                              self.mid_stream, handover=handover)
+
+
+class Mode(ABC):
+    """One way to write an answer. Subclasses implement :meth:`chunks`; :meth:`achunks` runs it on
+    the worker pool unless a mode has an async path of its own."""
+
+    #: The registry name (``collab=`` on a request or in the settings).
+    name: ClassVar[str]
+    #: Whether both sides write (token counts and cloud calls are counted as the answer forms).
+    shared: ClassVar[bool] = False
+    #: Whether it reads the edge's token logprobs (an edge runtime without them cannot run it).
+    needs_logprobs: ClassVar[bool] = False
+    #: Whether it works on a redacted conversation (a mode that sends token ids cannot).
+    can_redact: ClassVar[bool] = True
+    #: How the sides share the answer, in words (the route's ``collab_mode`` note).
+    describe: ClassVar[str] = ""
+
+    @abstractmethod
+    def chunks(self, run: AnswerRun) -> Iterator[ChatCompletionChunk]:
+        """The caller's chunks for ``run``."""
+
+    async def achunks(self, run: AnswerRun) -> AsyncIterator[ChatCompletionChunk]:
+        """Async twin of :meth:`chunks` (the edge decodes on a worker thread anyway)."""
+        async for chunk in iterate_in_worker(lambda: self.chunks(run)):
+            yield chunk
+
+
+#: Every mode by name; :func:`register_mode` adds one.
+MODES: dict[str, type[Mode]] = {}
+
+
+def register_mode(mode: type[Mode]) -> type[Mode]:
+    """Add ``mode`` to :data:`MODES` under its ``name`` (a class decorator)."""
+    MODES[mode.name] = mode
+    return mode
+
+
+class SharedMode(Mode):
+    """A mode in which both sides write: each answer is one :attr:`answer` run."""
+
+    shared = True
+    #: The per-answer state and loop (a :class:`SharedAnswer` subclass).
+    answer: ClassVar[type[SharedAnswer]]
+
+    def chunks(self, run: AnswerRun) -> Iterator[ChatCompletionChunk]:
+        return self.answer(run).chunks()
+
+
+# ---------------------------------------------------------------------------- helpers
 
 
 class SpanDeadline(BackendError):
@@ -61,6 +140,7 @@ def read_chunk(chunk: ChatCompletionChunk, part: Part) -> tuple[str, list[TokenL
     if chunk.usage is not None:
         part.prompt_tokens = chunk.usage.prompt_tokens
         part.completion_tokens = chunk.usage.completion_tokens
+        part.cached_tokens = chunk.usage.cached_tokens
     if not chunk.choices:
         return None
     choice = chunk.choices[0]
@@ -85,9 +165,7 @@ def pump(make: Callable[[], Iterator[Any]], first_s: float, next_s: float | None
         except BaseException as exc:  # noqa: BLE001 - handed to the consumer
             items.put(exc)
         finally:
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            close_stream(stream)
             items.put(_END)
 
     threading.Thread(target=reader, name="edgecloud-span", daemon=True).start()
@@ -108,40 +186,37 @@ def pump(make: Callable[[], Iterator[Any]], first_s: float, next_s: float | None
         stop.set()
 
 
-@dataclass
-class CollabHooks:
-    """How a collaborative run reports: ``on_fallback(from, to, cause, at_chars)``,
-    ``finalize(final_chunk, parts)`` (cost), ``on_span(mode, outcome, cloud_tokens, seconds)``
-    (metrics, trace event)."""
-
-    on_fallback: Callable[[str, str, str, int], None] | None = None
-    finalize: Callable[[ChatCompletionChunk, list[Part]], None] | None = None
-    on_span: Callable[[str, str, int, float], None] | None = None
+# ---------------------------------------------------------------------------- answers both sides write
 
 
-class CollabRun:
-    """Base of a collaborative answer (see the module docstring); subclasses implement :meth:`chunks`."""
+class SharedAnswer:
+    """One answer both sides write (the base of token and verified mode's per-request state).
 
-    mode = "collab"
+    ``edge`` is the edge attempt (its backend writes by default), ``clouds`` the cloud attempts
+    in order. Subclasses implement :meth:`chunks`.
+    """
 
-    def __init__(
-        self, request: ChatRequest, edge: Backend, clouds: list[Attempt], settings: CollabSettings,
-        route: RouteInfo, hooks: CollabHooks | None = None,
-    ) -> None:
-        self.request, self.edge, self.clouds, self.settings = request, edge, clouds, settings
-        self.route, self.hooks = route, hooks or CollabHooks()
+    mode = "shared"
+
+    def __init__(self, run: AnswerRun) -> None:
+        edge = run.edge
+        if edge is None or not run.clouds:
+            raise ConfigError(f"collab={self.mode!r} needs an edge model and a cloud endpoint")
+        self.run, self.request, self.settings, self.recorder = run, run.request, run.settings, run.recorder
+        self.edge_attempt, self.edge, self.clouds = edge, edge.backend, run.clouds
         self.id, self.created = new_completion_id(), now()
-        self.model = edge.model_name or edge.name
+        self.model = self.edge.model_name or self.edge.name
         self.text = ""
-        self.tokens = {"edge": 0, "cloud": 0}
-        self.parts: list[Part] = []
-        self.prompt_tokens = 0
-        self.cloud_calls = 0
         self._opened = False
-        route.collab = self.mode
-        route.tokens, route.cloud_calls = dict(self.tokens), 0
+        self.recorder.collaborating(self.mode)
 
     # ------------------------------------------------------------------ the caller's chunks
+
+    @property
+    def written(self) -> int:
+        """Answer tokens written so far, by both sides."""
+        tokens = self.recorder.tokens
+        return tokens["edge"] + tokens["cloud"]
 
     def emit(self, side: str, text: str, logprobs: list[TokenLogprob] | None = None,
              backend: str | None = None) -> Iterator[ChatCompletionChunk]:
@@ -159,65 +234,41 @@ class CollabRun:
         yield self._chunk(ChoiceDelta(content=text), side, backend, logprobs=keep)
 
     def _chunk(self, delta: ChoiceDelta, side: str, backend: str | None, *, logprobs: Any = None,
-               finish: FinishReason | None = None, usage: Usage | None = None) -> ChatCompletionChunk:
-        route = self.route.model_copy(update={"fallbacks": [dict(f) for f in self.route.fallbacks],
-                                             "tokens": dict(self.tokens), "cloud_calls": self.cloud_calls})
-        if side in ("edge", "cloud"):
-            route.target = side  # type: ignore[assignment]
-            route.backend = backend or (self.edge.name if side == "edge" else "cloud")
+               finish: FinishReason | None = None) -> ChatCompletionChunk:
+        if side == "edge":
+            route = self.recorder.snapshot("edge", backend or self.edge.name)
+        elif side == "cloud":
+            route = self.recorder.snapshot("cloud", backend or "cloud")
+        else:
+            route = self.recorder.snapshot()
         choice = ChunkChoice(delta=delta, finish_reason=finish,
                              logprobs=ChoiceLogprobs(content=logprobs) if logprobs is not None else None)
-        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice],
-                                   usage=usage, route=route)
+        return ChatCompletionChunk(id=self.id, created=self.created, model=self.model, choices=[choice], route=route)
 
     def final(self, reason: FinishReason) -> Iterator[ChatCompletionChunk]:
-        """The last chunk: finish reason, usage summed over the parts, the complete route, cost."""
+        """The last chunk: finish reason, usage summed over the sides, the complete route, cost."""
         yield from self.emit("edge", "")  # the role chunk, if nothing was written at all
-        completion = self.tokens["edge"] + self.tokens["cloud"]
-        usage = Usage(prompt_tokens=self.prompt_tokens, completion_tokens=completion,
-                      total_tokens=self.prompt_tokens + completion)
-        self.route.tokens, self.route.cloud_calls = dict(self.tokens), self.cloud_calls
-        self.route.target = "edge" if self.tokens["edge"] >= self.tokens["cloud"] else "cloud"  # type: ignore[assignment]
-        self.route.backend = "edgecloud-collab"
-        chunk = self._chunk(ChoiceDelta(), "", None, finish=reason, usage=usage)
-        chunk.route = self.route.model_copy(update={"fallbacks": [dict(f) for f in self.route.fallbacks]})
-        if self.hooks.finalize is not None:
-            self.hooks.finalize(chunk, self.parts)
-        yield chunk
+        yield self.recorder.finish(self._chunk(ChoiceDelta(), "", None, finish=reason))
 
     # ------------------------------------------------------------------ requests and failures
 
     def count_prompt(self) -> None:
         """The caller's prompt tokens, counted by the edge's tokenizer where it has one (for usage)."""
-        tokenize = getattr(self.edge, "tokenize_chat", None)
-        if tokenize is not None:
+        if isinstance(self.edge, ChatTokenizer):
             try:
-                self.prompt_tokens = len(tokenize(self.request.message_dicts()))
+                self.recorder.prompt_tokens = len(self.edge.tokenize_chat(self.request.message_dicts()))
             except Exception:  # noqa: BLE001 - a count for usage; the answer does not depend on it
-                self.prompt_tokens = 0
+                self.recorder.prompt_tokens = 0
 
     def remaining(self) -> int | None:
         """Answer tokens still allowed by ``max_tokens`` (None: no limit asked)."""
         if self.request.max_tokens is None:
             return None
-        return max(0, self.request.max_tokens - self.tokens["edge"] - self.tokens["cloud"])
+        return max(0, self.request.max_tokens - self.written)
 
     def continuation(self, **update: Any) -> ChatRequest:
         """The caller's request continued from the answer so far (an open assistant turn)."""
-        changes: dict[str, Any] = dict(update)
-        if self.text:
-            base = self.request
-            messages = list(base.messages)
-            if base.continue_final_message:  # the caller's own partial answer goes first
-                last = messages[-1]
-                messages[-1] = ChatMessage(role=last.role, content=last.content + self.text)
-            else:
-                messages.append(ChatMessage(role="assistant", content=self.text))
-            changes.update(messages=messages, continue_final_message=True, add_generation_prompt=False)
-        left = self.remaining()
-        if left is not None:
-            changes["max_tokens"] = max(1, min(left, changes.get("max_tokens") or left))
-        return self.request.model_copy(update=changes)
+        return continuation(self.request, self.text, self.written, **update)
 
     def cloud_attempt(self) -> Attempt | None:
         """The first cloud whose circuit lets a request through (it is taken: report the outcome)."""
@@ -239,73 +290,20 @@ class CollabRun:
             attempt.breaker.release()
             raise exc
         attempt.breaker.failure()
-        cause = cause_of(exc, "cloud")
-        self.route.fallbacks.append({
-            "from": "cloud", "from_backend": attempt.label or attempt.backend.name, "to": "edge",
-            "to_backend": self.edge.name, "cause": cause, "error": str(exc)[:300], "at_chars": len(self.text),
-            "at_tokens": self.tokens["edge"] + self.tokens["cloud"], "during": what,
-        })
-        if self.hooks.on_fallback is not None:
-            self.hooks.on_fallback("cloud", "edge", cause, len(self.text))
+        self.recorder.fell_back(event("cloud", attempt.label or attempt.backend.name, "edge", self.edge.name,
+                                      cause_of(exc, "cloud"), exc, at_chars=len(self.text), at_tokens=self.written,
+                                      during=what))
 
     def span_done(self, outcome: str, cloud_tokens: int, seconds: float) -> None:
-        if self.hooks.on_span is not None:
-            self.hooks.on_span(self.mode, outcome, cloud_tokens, seconds)
-
-    def new_part(self, side: str, backend: str) -> Part:
-        part = Part(side, backend)  # type: ignore[arg-type]
-        self.parts.append(part)
-        return part
+        self.recorder.span(self.mode, outcome, cloud_tokens, seconds)
 
     def cloud_finishes(self, exc: BaseException) -> Iterator[ChatCompletionChunk]:
-        """The edge failed mid-answer: the cloud writes the rest (as a plain fallback would)."""
+        """The edge failed mid-answer: the cloud writes the rest through the one failover."""
         if not isinstance(exc, Exception) or not can_fall_back(exc, "edge"):
             raise exc
-        cause = cause_of(exc, "edge")
-        for attempt in self.clouds:
-            if not attempt.breaker.allow():
-                continue
-            self.route.fallbacks.append({
-                "from": "edge", "from_backend": self.edge.name, "to": "cloud",
-                "to_backend": attempt.label or attempt.backend.name, "cause": cause, "error": str(exc)[:300],
-                "at_chars": len(self.text), "at_tokens": self.tokens["edge"] + self.tokens["cloud"],
-            })
-            if self.hooks.on_fallback is not None:
-                self.hooks.on_fallback("edge", "cloud", cause, len(self.text))
-            part = self.new_part("cloud", attempt.backend.name)
-            self.cloud_calls += 1
-            started = time.perf_counter()
-            reason: FinishReason = "stop"
-            counted = 0
-            stream = attempt.backend.stream(self.continuation())
-            try:
-                for chunk in stream:
-                    facts = read_chunk(chunk, part)
-                    if facts is None:
-                        continue
-                    content, _, finish = facts
-                    if content:
-                        counted += 1
-                        self.tokens["cloud"] += 1
-                        yield from self.emit("cloud", content, backend=attempt.backend.name)
-                    if finish is not None:
-                        reason = finish
-                        self.tokens["cloud"] += max(0, part.completion_tokens - counted)  # the exact count
-            except Exception as cloud_exc:
-                attempt.breaker.failure()
-                raise BackendError(f"the edge failed ({exc}) and the cloud could not finish: {cloud_exc}",
-                                   cause=cause_of(cloud_exc, "cloud")) from cloud_exc
-            finally:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
-            attempt.breaker.success()
-            part.ok, part.seconds = True, time.perf_counter() - started
-            yield from self.final(reason)
-            return
-        if isinstance(exc, EdgeCloudError):
-            raise exc
-        raise BackendError(f"the edge failed: {exc}", cause=cause) from exc
+        head = ChatCompletionChunk(id=self.id, created=self.created, model=self.model)
+        handover = Handover(self.edge_attempt, exc, chars=len(self.text), tokens=self.written, head=head)
+        yield from self.run.failover(self.continuation(), self.clouds, handover)
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:  # pragma: no cover - abstract
         raise NotImplementedError

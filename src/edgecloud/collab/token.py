@@ -23,13 +23,14 @@ from __future__ import annotations
 import time
 from collections.abc import Iterator
 
+from ..backend import close_stream
 from ..errors import BackendError
 from ..fallback import Attempt
 from ..types import ChatCompletionChunk, FinishReason, TokenLogprob
+from .run import SharedAnswer, SharedMode, pump, read_chunk, register_mode
 from .gate import Gate
-from .run import CollabRun, pump, read_chunk
 
-__all__ = ["TokenCollab"]
+__all__ = ["TokenCollab", "TokenMode"]
 
 
 def _split(content: str, entries: list[TokenLogprob], cut: int) -> str | None:
@@ -42,7 +43,7 @@ def _split(content: str, entries: list[TokenLogprob], cut: int) -> str | None:
     return prefix if content.startswith(prefix) else None
 
 
-class TokenCollab(CollabRun):
+class TokenCollab(SharedAnswer):
     """One answer in token mode (see the module docstring)."""
 
     mode = "token"
@@ -84,7 +85,7 @@ class TokenCollab(CollabRun):
         True), or fails (the cloud finishes the answer; returns None)."""
         request = self.continuation(logprobs=True, top_logprobs=max(self.settings.top_logprobs,
                                                                         self.request.top_logprobs or 0))
-        part = self.new_part("edge", self.edge.name)
+        part = self.recorder.part("edge", self.edge.name)
         started = time.perf_counter()
         spans_possible = bool(self.clouds)
         stream = None
@@ -107,12 +108,12 @@ class TokenCollab(CollabRun):
                 if cut is not None:
                     prefix = _split(content, entries, cut)
                     if prefix is not None:
-                        self.tokens["edge"] += cut
+                        self.recorder.wrote("edge", cut)
                         part.completion_tokens += cut
                         yield from self.emit("edge", prefix, entries[:cut])
                         return True
                 n = len(entries) if entries else (1 if content else 0)
-                self.tokens["edge"] += n
+                self.recorder.wrote("edge", n)
                 part.completion_tokens += n
                 yield from self.emit("edge", content, entries)
                 if finish_reason is not None:
@@ -120,27 +121,23 @@ class TokenCollab(CollabRun):
                     return finish_reason
             raise BackendError(f"{self.edge.name} ended its stream without a finish reason", cause="disconnected")
         except Exception as exc:  # noqa: BLE001 - the edge failed: the cloud finishes the answer
-            close = getattr(stream, "close", None)
-            if close is not None:
-                close()
+            close_stream(stream)
             stream = None
             part.seconds = time.perf_counter() - started
             yield from self.cloud_finishes(exc)
             return None
         finally:
             part.seconds = time.perf_counter() - started
-            if stream is not None:
-                close = getattr(stream, "close", None)
-                if close is not None:
-                    close()
+            close_stream(stream)
 
     def _span(self, attempt: Attempt) -> Iterator[ChatCompletionChunk]:
         """One cloud span; returns the finish reason when the cloud ended the answer, else None."""
         settings = self.settings
         request = self.continuation(max_tokens=settings.span_tokens, logprobs=True, top_logprobs=None)
-        part = self.new_part("cloud", attempt.backend.name)
-        part.prompt_tokens = self.prompt_tokens + self.tokens["edge"] + self.tokens["cloud"]  # unless usage says
-        self.cloud_calls += 1
+        part = self.recorder.part("cloud", attempt.backend.name)
+        part.prompt_tokens = self.recorder.prompt_tokens + self.written  # unless usage says
+        part.calls = 1
+        self.recorder.cloud_call()
         started = time.perf_counter()
         written, outcome = 0, "ok"
         finish: FinishReason | None = None
@@ -154,12 +151,12 @@ class TokenCollab(CollabRun):
                 n = len(entries) if entries else (1 if content else 0)
                 if settings.span_stop == "line" and "\n" in content:  # the span ends with this token
                     written += n
-                    self.tokens["cloud"] += n
+                    self.recorder.wrote("cloud", n)
                     yield from self.emit("cloud", content, entries, backend=attempt.backend.name)
                     outcome = "line"
                     break
                 written += n
-                self.tokens["cloud"] += n
+                self.recorder.wrote("cloud", n)
                 yield from self.emit("cloud", content, entries, backend=attempt.backend.name)
                 if finish_reason is not None:
                     if finish_reason == "stop" or self.remaining() == 0:
@@ -180,3 +177,13 @@ class TokenCollab(CollabRun):
         part.seconds = time.perf_counter() - started
         self.span_done(outcome, written, part.seconds)
         return finish
+
+
+@register_mode
+class TokenMode(SharedMode):
+    """Token mode (see the module docstring)."""
+
+    name = "token"
+    needs_logprobs = True
+    describe = "the edge writes, the cloud writes spans where the edge is unsure"
+    answer = TokenCollab

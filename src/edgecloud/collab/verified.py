@@ -24,16 +24,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator
-from typing import Any
 
-from ..runtime.speculative import Acceptance, accept_prefix, best_k
+from ..answer import Part
+from ..backend import Drafter, Verifier
 from ..errors import ConfigError
 from ..fallback import Attempt
+from ..runtime.speculative import Acceptance, accept_prefix, best_k
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
-from .run import CollabRun
+from .run import AnswerRun, SharedAnswer, SharedMode, register_mode
 
-__all__ = ["VerifiedCollab", "choose_k"]
+__all__ = ["VerifiedCollab", "VerifiedMode", "choose_k"]
 
 #: Acceptance assumed before the first round (a same-family draft agrees most of the time).
 PRIOR_ACCEPTANCE = 0.7
@@ -50,24 +51,28 @@ def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
     return best_k(alpha, k_max, fixed=round_s, per_token=draft_s)[0]
 
 
-class VerifiedCollab(CollabRun):
+class VerifiedCollab(SharedAnswer):
     """One answer in verified mode (see the module docstring)."""
 
     mode = "verified"
 
-    def _drafter(self) -> Any:
-        edge = self.edge
-        if not all(hasattr(edge, name) for name in ("draft", "tokenize_chat", "token_bytes", "is_end")):
+    def __init__(self, run: AnswerRun) -> None:
+        super().__init__(run)
+        if not isinstance(self.edge, Drafter):
             raise ConfigError(f"collab='verified' needs an edge runtime that drafts token ids (llama.cpp); "
-                              f"{edge.name} does not: use collab='token' or edge_runtime='llamacpp'")
-        return edge
+                              f"{self.edge.name} does not: use collab='token' or edge_runtime='llamacpp'")
+        self.drafter: Drafter = self.edge
+        for attempt in self.clouds:
+            if not isinstance(attempt.backend, Verifier):
+                raise ConfigError(f"collab='verified' needs a cloud client that scores continuations; "
+                                  f"{attempt.backend.name} does not: use collab='token'")
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
-        edge = self._drafter()
+        edge = self.drafter
         prompt = edge.tokenize_chat(self.request.message_dicts())
         if self.request.continue_final_message:
             raise ConfigError("collab='verified' starts answers; to continue a partial answer use collab='token'")
-        self.prompt_tokens = len(prompt)
+        self.recorder.prompt_tokens = len(prompt)
         room = (edge.n_ctx or 0) - len(prompt) - 1
         budget = min(self.request.max_tokens or room, room)
         text = TextStream(self.request.stop_sequences)
@@ -75,8 +80,8 @@ class VerifiedCollab(CollabRun):
         acceptance = Acceptance(PRIOR_ACCEPTANCE)
         draft_s, round_s = 0.02, 0.1  # replaced by measurements after the first round
         k = min(self.settings.draft_max, 4)
-        edge_part = self.new_part("edge", edge.name)
-        cloud_part = self.new_part("cloud", "cloud")
+        edge_part = self.recorder.part("edge", self.edge.name)
+        cloud_part = self.recorder.part("cloud", "cloud")
         finish: FinishReason = "length"
         while len(ids) < budget:
             k = max(1, min(k, budget - len(ids)))
@@ -103,11 +108,11 @@ class VerifiedCollab(CollabRun):
                 if edge.is_end(token):
                     finish = "stop"
                     break
-                self.tokens[side] += 1
+                self.recorder.wrote(side, 1)  # type: ignore[arg-type]
                 part = edge_part if side == "edge" else cloud_part
                 part.completion_tokens += 1
                 yield from self.emit(side, text.push(edge.token_bytes(token)),
-                                     backend=edge.name if side == "edge" else cloud_part.backend)
+                                     backend=self.edge.name if side == "edge" else cloud_part.backend)
                 if text.stopped:
                     finish = "stop"
                     break
@@ -117,20 +122,21 @@ class VerifiedCollab(CollabRun):
                 break
             k = choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max)
         yield from self.emit("edge", text.flush())
-        self.route.reason += f"; verified by the cloud in {self.cloud_calls} rounds"
+        rounds = self.recorder.cloud_calls
+        self.recorder.note("verified_rounds", f"verified by the cloud in {rounds} rounds", rounds)
         yield from self.final(finish)
 
-    def _same_vocabulary(self, edge: Any, attempt: Attempt) -> None:
+    def _same_vocabulary(self, edge: Drafter, attempt: Attempt) -> None:
         """Refuse a cloud whose tokenizer names the probe's tokens differently (checked once per pair)."""
         backend = attempt.backend
         key = (id(edge), str(backend.base_url), backend.model_name)
-        if key in _SAME_VOCAB or not hasattr(backend, "token_texts"):
+        if key in _SAME_VOCAB or not isinstance(backend, Verifier):
             return
-        tokens = edge.tokenize_text(VOCAB_PROBE) if hasattr(edge, "tokenize_text") else []
+        tokens = edge.tokenize_text(VOCAB_PROBE)
         if not tokens:
             return
         try:
-            theirs = backend.token_texts(tokens)  # type: ignore[attr-defined]
+            theirs = backend.token_texts(tokens)
         except ConfigError:
             attempt.breaker.release()
             raise
@@ -146,16 +152,15 @@ class VerifiedCollab(CollabRun):
                               f"({mine[:4]} vs {theirs[:4]}): use collab='token'")
         _SAME_VOCAB.add(key)
 
-    def _check(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Any) -> tuple[list[int], int] | None:
+    def _check(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Part) -> tuple[list[int], int] | None:
         """The kept draft prefix and the cloud's next token, or None when the cloud failed (recorded)."""
-        self.cloud_calls += 1
+        self.recorder.cloud_call()
+        part.calls += 1
         started = time.perf_counter()
+        verifier = attempt.backend
+        assert isinstance(verifier, Verifier)  # checked when the answer started
         try:
-            scores, nxt = attempt.backend.score(tokens + draft, start=len(tokens), top_n=1)  # type: ignore[attr-defined]
-        except AttributeError as exc:
-            attempt.breaker.release()
-            raise ConfigError(f"collab='verified' needs a cloud client that scores continuations; "
-                              f"{attempt.backend.name} does not") from exc
+            scores, nxt = verifier.score(tokens + draft, start=len(tokens), top_n=1)
         except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
             self.cloud_failed(attempt, exc, "verification")
             self.span_done("failed", 0, time.perf_counter() - started)
@@ -167,3 +172,13 @@ class VerifiedCollab(CollabRun):
         extra = scores[kept].argmax if kept < len(draft) else nxt.token
         self.span_done("verified", 1, time.perf_counter() - started)
         return draft[:kept], extra
+
+
+@register_mode
+class VerifiedMode(SharedMode):
+    """Verified mode (see the module docstring)."""
+
+    name = "verified"
+    can_redact = False
+    describe = "the edge writes, the cloud verifies its drafts"
+    answer = VerifiedCollab

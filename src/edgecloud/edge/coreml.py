@@ -11,8 +11,8 @@ This module owns :class:`CoreMLBackend` and the host side of the exported model'
   (``make_state``); elsewhere the same function runs over the traced torch decoder the package
   is converted from, which is how the tests hold it to the engine's own
   :func:`~edgecloud.engine.generate`. Sampling is the engine's
-  :func:`~edgecloud.engine.sample` (greedy, or temperature / top-p with a seeded
-  generator) with OpenAI's defaults; the chunks (end of generation unless ``ignore_eos``,
+  :class:`~edgecloud.runtime.sampling.TokenChooser` (greedy, or temperature / top-p with the
+  request's seed) with OpenAI's defaults; the chunks (end of generation unless ``ignore_eos``,
   logprobs from the step's logits, UTF-8-safe deltas, stop strings held back, finish, usage,
   route) come from :class:`~edgecloud.runtime.chunks.AnswerChunks`, as for the other edge runtimes.
 - :func:`coreml_unavailable_reason`: why this machine cannot run Core ML predictions (Core
@@ -34,11 +34,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from ..backend import SerialBackend
-from ..engine import Tokenizer, sample
-from ..runtime.sampling import sampling_params
+from ..engine import Tokenizer
+from ..runtime.sampling import TokenChooser, sampling_params
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -88,12 +87,12 @@ def stream_answer(
     The caller keeps ``len(prompt) + max_new_tokens`` within the model's context.
     """
     params = sampling_params(request, max_new_tokens)
-    generator = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
+    chooser = TokenChooser(params)
     logits = np.asarray(step(prompt, 0), dtype=np.float32)
     filled = len(prompt)
     yield answer.start()
     while answer.generated < max_new_tokens:
-        token = sample(torch.from_numpy(logits), temperature=params.temperature, top_p=params.top_p, generator=generator)
+        token = chooser.pick(logits)
         yield from answer.push(token, logits)
         if answer.done:
             break
@@ -197,8 +196,9 @@ class CoreMLBackend(SerialBackend):
         return step
 
     def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        for field in ("presence_penalty", "frequency_penalty"):
-            if getattr(request, field):
+        for field, value in (("presence_penalty", request.presence_penalty),
+                             ("frequency_penalty", request.frequency_penalty)):
+            if value:
                 raise InvalidRequestError(f"{field} is not supported by the Core ML backend", param=field)
         with self._serving():
             model, tokenizer = self._ensure_loaded()

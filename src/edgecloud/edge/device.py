@@ -151,10 +151,8 @@ def _torch_gpu() -> tuple[int, bool, str | None]:
         if torch.cuda.is_available():
             free, _total = torch.cuda.mem_get_info()
             return int(free), False, "cuda"
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            rec = getattr(torch.mps, "recommended_max_memory", None)
-            return (int(rec()) if rec else 0), True, "metal"
+        if torch.backends.mps.is_available():
+            return int(torch.mps.recommended_max_memory()), True, "metal"
     except Exception:
         return 0, False, None
     return 0, False, None

@@ -39,26 +39,20 @@ from typing import Any
 
 import numpy as np
 
-from ..store.catalogue import DEFAULT_MODEL
-from ..backend import SerialBackend
-from ..errors import (
-    BackendError,
-    BackendUnavailableError,
-    ConfigError,
-    EdgeCloudError,
-    ModelIntegrityError,
-)
-from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from ..runtime.chunks import log_partition, top_tokens
-from ..runtime.scoring import TokenScore, check_token_ids
+from ..backend import TemplatedBackend
+from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, ModelIntegrityError
 from ..runtime.chat_template import ChatTemplate
-from ..runtime.chunks import AnswerChunks, answer_budget
+from ..runtime.chunks import AnswerChunks, answer_budget, log_partition, top_tokens
 from ..runtime.gguf import read_gguf_spec
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
-from .memory import plan as plan_memory
 from ..runtime.llamacpp_sampler import make_sampler
-from ..runtime.sampling import SamplingParams, sampling_params
 from ..runtime.prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
+from ..runtime.sampling import SamplingParams, sampling_params
+from ..runtime.scoring import TokenScore, check_token_ids
+from ..runtime.stats import RuntimeStats
+from ..store.catalogue import DEFAULT_MODEL
+from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+from .memory import plan as plan_memory
 
 __all__ = [
     "LlamaCppBackend",
@@ -96,15 +90,9 @@ _UNQUANTIZED_KV = {"f32", "f16", "bf16"}
 
 
 @dataclass
-class LlamaCppStats:
+class LlamaCppStats(RuntimeStats):
     """Counters since load: what was served and how much prefix reuse saved."""
 
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
-    #: Tokens llama.cpp actually evaluated for prompts (prompt_tokens - cached_tokens).
-    prefill_tokens: int = 0
     #: Saved states restored from the prefix LRU.
     restores: int = 0
     #: Context states saved into the prefix LRU.
@@ -123,7 +111,7 @@ def _ggml_type(value: Any) -> int:
     return int(value)
 
 
-class LlamaCppBackend(SerialBackend):
+class LlamaCppBackend(TemplatedBackend):
     """A GGUF model served on this device by llama.cpp, with prefix KV reuse.
 
     ``model`` is a catalogue name (pulled and verified by :func:`edgecloud.store.resolve_model`)
@@ -225,12 +213,6 @@ class LlamaCppBackend(SerialBackend):
                 self._cache.clear()
             if self._llm is not None:
                 self._forget_context()
-
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens this backend evaluates for ``messages`` (template + tokenizer)."""
-        with self._serving():
-            self._ensure_loaded()
-            return self._encode_chat(messages)
 
     def _free(self) -> None:
         if self._cache is not None:
@@ -574,26 +556,20 @@ class LlamaCppBackend(SerialBackend):
         want_logits = sampler is None or request.logprobs
         cached = self._prefill(prompt)
         stats = self.stats
-        stats.requests += 1
-        stats.prompt_tokens += len(prompt)
-        stats.cached_tokens += cached
-        stats.prefill_tokens += len(prompt) - cached
+        stats.started(len(prompt), cached)
         route = RouteInfo(target="edge", backend=self.name, reason=f"on device ({self.device}) with llama.cpp")
-        answer = AnswerChunks(request, self.model_name, route, self._piece, lambda t: lib.llama_vocab_is_eog(vocab, t))
+        answer = AnswerChunks(request, self.model_name, route, self._piece, lambda t: lib.llama_vocab_is_eog(vocab, t),
+                              stats)
         yield answer.start()
         logits = None
         while answer.generated < max_new:
             if want_logits:
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             token = int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, -1)
-            counted = answer.generated
-            chunks = answer.push(token, logits)
-            stats.completion_tokens += answer.generated - counted
-            yield from chunks
-            if answer.done:
+            yield from answer.push(token, logits)
+            if answer.done or answer.generated >= max_new:
                 break
-            if answer.generated < max_new:
-                llm.eval([token])
+            llm.eval([token])
         finish = list(answer.finish(len(prompt), cached))
         # queued now, run once this stream has released the context
         if request.continue_final_message:  # the answer extends the last (assistant) message

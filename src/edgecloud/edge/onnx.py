@@ -29,14 +29,13 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from ..backend import SerialBackend
+from ..backend import TemplatedBackend
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -50,8 +49,9 @@ from ..runtime.chunks import AnswerChunks, answer_budget
 from .device import detect_device
 from .memory import N_BATCH, plan_onnx
 from ..store.onnx_manifest import EXPORT_FILE, GENAI_CONFIG, ExportManifest, is_onnx_export, load_manifest
-from ..runtime.sampling import PENALTY_LAST_N, SamplingParams, sampling_params
+from ..runtime.sampling import TokenChooser, sampling_params
 from ..runtime.prefix_cache import common_prefix_len_np
+from ..runtime.stats import RuntimeStats
 
 __all__ = [
     "EXPORT_FILE",
@@ -109,14 +109,8 @@ class ByteLevelVocab:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
 
 
-@dataclass
-class OnnxStats:
-    """Counters since load."""
-
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
+#: Counters since load.
+OnnxStats = RuntimeStats
 
 
 def _import_genai() -> Any:
@@ -129,7 +123,7 @@ def _import_genai() -> Any:
     return og
 
 
-class OnnxBackend(SerialBackend):
+class OnnxBackend(TemplatedBackend):
     """An ``edgecloud export onnx`` folder served on this CPU by onnxruntime-genai, one request at a time.
 
     ``model`` is the export folder. ``n_ctx`` caps prompt + answer (default: the largest
@@ -143,6 +137,13 @@ class OnnxBackend(SerialBackend):
     supports_logprobs = True
     supports_seed = True
     supports_stop = True
+
+    @classmethod
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this") -> OnnxBackend:
+        """From the client's settings; a folder that is not an ``edgecloud export onnx`` fails here,
+        before anything loads."""
+        load_manifest(model)
+        return cls(model, n_ctx=n_ctx, device=device)
 
     def __init__(
         self,
@@ -182,12 +183,6 @@ class OnnxBackend(SerialBackend):
     def loaded(self) -> bool:
         """True once the model is in memory."""
         return self._model is not None
-
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens this backend evaluates for ``messages`` (template + tokenizer)."""
-        with self._serving():
-            self._ensure_loaded()
-            return self._encode_chat(messages)
 
     def _ensure_loaded(self) -> Any:
         if self._model is not None:
@@ -285,64 +280,25 @@ class OnnxBackend(SerialBackend):
 
     def _decode(self, request: ChatRequest, prompt: list[int], max_new: int) -> Iterator[ChatCompletionChunk]:
         assert self._vocab is not None
-        sampler = _Sampler(sampling_params(request, max_new))
+        chooser = TokenChooser(sampling_params(request, max_new))
+        generated: list[int] = []
         cached = self._prefill(prompt)  # a failure here comes before any chunk
         stats = self.stats
-        stats.requests += 1
-        stats.prompt_tokens += len(prompt)
-        stats.cached_tokens += cached
+        stats.started(len(prompt), cached)
         route = RouteInfo(target="edge", backend=self.name, reason=f"on cpu with onnxruntime-genai ({self._precision()})")
-        answer = AnswerChunks(request, self.model_name, route, self._vocab.pieces.__getitem__, self._eog.__contains__)
+        answer = AnswerChunks(request, self.model_name, route, self._vocab.pieces.__getitem__, self._eog.__contains__,
+                              stats)
         yield answer.start()
         while answer.generated < max_new:
             logits = self._logits()
-            token = sampler.pick(logits)
-            counted = answer.generated
-            chunks = answer.push(token, logits)
-            stats.completion_tokens += answer.generated - counted
-            yield from chunks
-            if answer.done:
+            token = chooser.choose(logits, generated)
+            generated.append(token)
+            yield from answer.push(token, logits)
+            if answer.done or answer.generated >= max_new:
                 break
-            if answer.generated < max_new:
-                self._append([token])
+            self._append([token])
         yield from answer.finish(len(prompt), cached)
 
     def _precision(self) -> str:
         m = self.manifest
         return f"{m.precision}, block {m.block_size}" if m is not None else "int4"
-
-
-class _Sampler:
-    """The next token from a logits row: llama.cpp's chain (penalties, then greedy or temperature + top-p)."""
-
-    def __init__(self, params: SamplingParams) -> None:
-        self.temperature, self.top_p = params.temperature, params.top_p
-        self.presence, self.frequency = params.presence_penalty, params.frequency_penalty
-        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)  # a negative seed too
-        self.recent: list[int] = []
-
-    def pick(self, logits: npt.NDArray[np.single]) -> int:
-        if self.presence or self.frequency:
-            logits = logits.copy()
-            tokens, counts = np.unique(np.asarray(self.recent[-PENALTY_LAST_N:], dtype=np.int64), return_counts=True)
-            logits[tokens] -= counts * self.frequency + self.presence
-        if self.temperature == 0.0:
-            token = int(logits.argmax())
-        else:
-            token = self._sample(logits)
-        self.recent.append(token)
-        return token
-
-    def _sample(self, logits: npt.NDArray[np.single]) -> int:
-        wide = logits.astype(np.float64)
-        scaled = (wide - wide.max()) / self.temperature  # shifted first: nothing overflows
-        probs = np.exp(scaled)
-        probs /= probs.sum()
-        if self.top_p < 1.0:
-            order = np.argsort(-probs, kind="stable")
-            ranked = probs[order]
-            keep = np.cumsum(ranked) - ranked < self.top_p  # always keeps the top token
-            probs = np.zeros_like(probs)
-            probs[order[keep]] = ranked[keep]
-            probs /= probs.sum()
-        return int(self.rng.choice(probs.size, p=probs))

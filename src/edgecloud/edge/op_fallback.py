@@ -82,9 +82,14 @@ _INPLACE_DUNDERS = frozenset(
 )
 
 
+def _namedtuple(obj: Any) -> bool:
+    """A namedtuple (rebuilt from its fields, not from one iterable)."""
+    return isinstance(obj, tuple) and any("_fields" in vars(k) for k in type(obj).__mro__)
+
+
 def op_name(op: str | Callable[..., Any]) -> str:
     """The table's name for ``op``: ``torch.isin``, ``"Tensor.index_copy_"`` and ``"isin"`` -> its last dotted part."""
-    name = op if isinstance(op, str) else getattr(op, "__name__", "")
+    name = op if isinstance(op, str) else op.__name__
     return name.rsplit(".", 1)[-1]
 
 
@@ -242,7 +247,7 @@ class _Moves:
                 # copy=True even on the CPU: an in-place op must never write the original behind our back
                 copy = self.copies[id(obj)] = obj.to("cpu", target, copy=True)
             return copy
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        if _namedtuple(obj):
             return type(obj)(*(self.to_cpu(x) for x in obj))
         if isinstance(obj, (tuple, list)) and not isinstance(obj, torch.Size):
             return type(obj)(self.to_cpu(x) for x in obj)
@@ -254,7 +259,7 @@ class _Moves:
         if isinstance(obj, Tensor):
             dtype = self.downcast.get(obj.dtype, obj.dtype)
             return obj.to(self.home or obj.device, dtype)
-        if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        if _namedtuple(obj):
             return type(obj)(*(self.back(x) for x in obj))
         if isinstance(obj, (tuple, list)) and not isinstance(obj, torch.Size):
             return type(obj)(self.back(x) for x in obj)

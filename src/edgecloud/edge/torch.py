@@ -10,7 +10,7 @@ repeats:
   (llama.cpp's tokenizer and the GGUF's chat template, so prompts are token-identical to the
   llama.cpp backend's);
 - the decode loop: :func:`edgecloud.engine.generate` (prefill, one token per step,
-  greedy or temperature / top-p with a seeded generator, end-of-generation ids) over the
+  greedy or temperature / top-p with the request's seed (:class:`~edgecloud.runtime.sampling.TokenChooser`), end-of-generation ids) over the
   kept :class:`~edgecloud.engine.KVCache`; only the prompt after the longest prefix
   shared with what the cache holds is prefilled (``usage.cached_tokens``);
 - the chunks: :class:`~edgecloud.runtime.chunks.AnswerChunks`, as for every edge runtime (role
@@ -56,15 +56,16 @@ import numpy as np
 import torch
 
 from ..backend import SerialBackend
-from ..engine import DEFAULT_N_CTX, Tokenizer, Transformer, decode_one_token, prefill, sample
+from ..engine import DEFAULT_N_CTX, Tokenizer, Transformer, decode_one_token, prefill
 from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, InvalidRequestError
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
 from ..runtime.chunks import AnswerChunks, answer_budget
-from ..runtime.sampling import sampling_params
+from ..runtime.sampling import TokenChooser, sampling_params
 from .device import detect_device
 from ..store.catalogue import DEFAULT_MODEL
 from .op_fallback import CpuFallback, DeviceCaps, device_caps
 from ..runtime.prefix_cache import common_prefix_len_np
+from ..runtime.stats import RuntimeStats
 
 __all__ = ["DEFAULT_MODEL", "DTYPES", "TorchBackend", "TorchStats"]
 
@@ -83,13 +84,9 @@ _GPU_DEVICES = {"cuda": "cuda", "metal": "mps"}
 
 
 @dataclass
-class TorchStats:
+class TorchStats(RuntimeStats):
     """Counters since construction."""
 
-    requests: int = 0
-    prompt_tokens: int = 0
-    cached_tokens: int = 0
-    completion_tokens: int = 0
     #: Ops run on the CPU instead of the device, per op (live: the fallback's own counter).
     fallbacks: dict[str, int] = field(default_factory=dict)
 
@@ -136,6 +133,12 @@ class TorchBackend(SerialBackend):
     supports_logprobs = True
     supports_seed = True
     supports_stop = True
+
+    @classmethod
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this") -> TorchBackend:
+        """From the client's settings: the torch device is picked here (``device`` names a memory
+        profile for the other runtimes, not a torch device)."""
+        return cls(model, n_ctx=n_ctx)
 
     def __init__(
         self,
@@ -270,8 +273,9 @@ class TorchBackend(SerialBackend):
         return RouteInfo(target="edge", backend=self.name, reason=reason)
 
     def _generate(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        for option in ("presence_penalty", "frequency_penalty"):
-            if getattr(request, option):
+        for option, value in (("presence_penalty", request.presence_penalty),
+                              ("frequency_penalty", request.frequency_penalty)):
+            if value:
                 raise InvalidRequestError(f"{option} is not supported by the torch edge backend yet", param=option)
         with self._serving():
             model, tokenizer = self._ensure_loaded()
@@ -279,23 +283,21 @@ class TorchBackend(SerialBackend):
             params = sampling_params(request, answer_budget(len(prompt), self.n_ctx, request.max_tokens))
             cached = self._reuse_prefix(prompt)
             before = self.fallbacks
-            generator = torch.Generator(device="cpu").manual_seed(params.seed) if params.seed is not None else None
+            chooser = TokenChooser(params)
             answer = AnswerChunks(
                 request, self.model_name, self._route(),
                 piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
             )
             generated: list[int] = []
             stats = self.stats
-            stats.requests += 1
-            stats.prompt_tokens += len(prompt)
-            stats.cached_tokens += cached
+            stats.started(len(prompt), cached)
             try:
                 # the prefill: a failure here comes before any chunk
                 logits = self._step(lambda: prefill(model, prompt[self._cache.length :], self._cache))
                 yield answer.start()
                 while answer.generated < params.max_new_tokens:
                     row = logits.float().cpu()
-                    token = sample(row, temperature=params.temperature, top_p=params.top_p, generator=generator)
+                    token = chooser.pick(row.numpy())
                     generated.append(token)
                     yield from answer.push(token, row.numpy())
                     if answer.done or answer.generated >= params.max_new_tokens:

@@ -14,8 +14,8 @@ prepacked matmuls (fast small batches). Needs torch (``pip install 'edgecloud[cl
 from __future__ import annotations
 
 from .generate import Tokenizer, decode_one_token, generate, prefill, sample, sampling_probs
-from .linear import PackedLinear, fuse_projections, pack_linears, packing_supported
-from .model import DEFAULT_N_CTX, PRECISIONS, KVCache, ModelArgs, Transformer, param_bytes
+from .linear import PackedLinear, pack_linears, packing_supported
+from .model import DEFAULT_N_CTX, PRECISIONS, KVCache, ModelArgs, Transformer, fuse_projections, param_bytes
 from .weights import GGUFFile, load_state_dict
 
 __all__ = [

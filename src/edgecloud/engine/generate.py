@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from ..runtime.tokenizer import Tokenizer
-from ..runtime.sampling import GREEDY_BELOW
+from ..runtime.sampling import GREEDY_BELOW, sampling_distribution
 from ..errors import ContextOverflowError, InvalidRequestError
 from .model import KVCache, Transformer
 
@@ -37,25 +38,17 @@ def decode_one_token(model: Transformer, token: int, cache: KVCache) -> Tensor:
 
 
 def sampling_probs(logits: Tensor, temperature: float, top_p: float = 1.0) -> Tensor:
-    """Probabilities over the vocabulary (last dim) after temperature and nucleus (top-p) truncation:
-    the distribution :func:`sample` draws from (and speculative verification compares against)."""
-    # shift by the maximum first: the top logit maps to 0 and nothing overflows, however small
-    # the temperature or extreme the logits (an inf logit would otherwise give inf - inf = NaN)
-    shifted = logits.float() - logits.float().amax(dim=-1, keepdim=True).nan_to_num(0.0, 0.0, 0.0)
-    probs = torch.softmax((shifted / max(temperature, GREEDY_BELOW)).nan_to_num(nan=float("-inf")), dim=-1)
-    if top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
-        keep[..., 0] = True  # the top token always stays, whatever top_p (5e-324 is 0 in float32)
-        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs * keep)
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    """:func:`~edgecloud.runtime.sampling.sampling_distribution` of a logits tensor, as a float32
+    tensor on the logits' device (what speculative verification compares draft and target by)."""
+    probs = sampling_distribution(logits.detach().float().cpu().numpy(), temperature, top_p)
+    return torch.from_numpy(probs.astype(np.float32)).to(logits.device)
 
 
 def sample(
     logits: Tensor, *, temperature: float = 0.0, top_p: float = 1.0, generator: torch.Generator | None = None
 ) -> int:
-    """Next token from ``logits[vocab]``: argmax when ``temperature <= 0``, else temperature + nucleus sampling."""
+    """Next token from ``logits[vocab]``: argmax when ``temperature <= 0``, else a draw from
+    :func:`sampling_probs` (with ``generator`` when given: a seeded torch stream)."""
     if temperature < GREEDY_BELOW:
         return int(logits.argmax())
     return int(torch.multinomial(sampling_probs(logits, temperature, top_p), 1, generator=generator))

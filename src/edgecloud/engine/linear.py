@@ -1,6 +1,7 @@
 """The CPU matmul path for batched decoding: fused projections and oneDNN-prepacked linear layers.
 
-This module owns :class:`PackedLinear`, :func:`pack_linears` and :func:`fuse_projections`.
+This module owns :class:`PackedLinear`, :func:`pack_linears` and :func:`fused_linear` (what
+:func:`~edgecloud.engine.model.fuse_projections` builds each block's fused projections with).
 
 Why: a continuous-batching decode step multiplies every weight by a handful of rows (one
 per running sequence). PyTorch's default CPU path hands ``F.linear`` to MKL's sgemm, which
@@ -42,8 +43,8 @@ PACK_BATCH_HINT = 8
 
 def packing_supported(dtype: torch.dtype = torch.float32) -> bool:
     """Whether this torch build (and, for bfloat16, this CPU) can prepack ``dtype`` linear weights with oneDNN."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+    if not (torch.backends.mkldnn.is_available() and torch._C._dispatch_has_kernel("mkldnn::_reorder_linear_weight")
+            and torch._C._dispatch_has_kernel("mkldnn::_linear_pointwise")):
         return False
     if dtype == torch.float32:
         return True
@@ -119,14 +120,4 @@ def fused_linear(parts: list[nn.Linear]) -> nn.Linear:
         bias = torch.cat([p.bias.detach() if p.bias is not None else torch.zeros(p.out_features, dtype=weight.dtype)
                           for p in parts])
         fused.bias = nn.Parameter(bias, requires_grad=False)
-    return fused
-
-
-def fuse_projections(model: nn.Module) -> int:
-    """Fuse each block's q/k/v and gate/up projections (plain ``nn.Linear`` only; see the module
-    docstring); returns how many blocks were fused. Call it before :func:`pack_linears`."""
-    fused = 0
-    for block in getattr(model, "blk", ()):
-        if hasattr(block, "fuse") and block.fuse():
-            fused += 1
     return fused

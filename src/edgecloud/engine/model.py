@@ -213,7 +213,7 @@ class Block(nn.Module):
         from .linear import fused_linear
 
         parts = ("attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up")
-        if self.attn_qkv is not None or not all(type(getattr(self, n, None)) is nn.Linear for n in parts):
+        if self.attn_qkv is not None or not all(type(self._modules.get(n)) is nn.Linear for n in parts):
             return False
         self.attn_qkv = fused_linear([self.attn_q, self.attn_k, self.attn_v])
         self.ffn_gate_up = fused_linear([self.ffn_gate, self.ffn_up])
@@ -466,3 +466,10 @@ def param_bytes(model: nn.Module) -> int:
     seen = {p.data_ptr(): p.numel() * p.element_size() for p in model.parameters()}
     return sum(seen.values())
 
+
+
+def fuse_projections(model: Transformer) -> int:
+    """Fuse each block's q/k/v and gate/up projections (plain ``nn.Linear`` only; see
+    :meth:`Block.fuse`); returns how many blocks were fused. Call it before
+    :func:`~edgecloud.engine.linear.pack_linears`."""
+    return sum(1 for block in model.blk if isinstance(block, Block) and block.fuse())

@@ -608,8 +608,12 @@ class CloudBackend(Backend):
         if not response.is_success:
             raise self._status_failure(response, 0).error
         try:
-            ids = [str(card.get("id")) for card in response.json().get("data", [])]
-        except (ValueError, AttributeError, TypeError) as exc:
+            listing = response.json()
+            cards = listing.get("data", []) if isinstance(listing, dict) else None
+            if not isinstance(cards, list) or not all(isinstance(card, dict) for card in cards):
+                raise ValueError("not an OpenAI model list")
+            ids = [str(card.get("id")) for card in cards]
+        except ValueError as exc:
             raise BackendError(
                 f"{url} answered something that is not a model list: {response.text[:200]!r}", cause="malformed_stream"
             ) from exc

@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
+from ..types import ChatRequest
+
 __all__ = ["FEATURE_NAMES", "DOMAINS", "estimate_tokens", "extract", "hashed_ngrams", "messages_of"]
 
 # Bounded work per request: features look at the head and tail of very long prompts only.
@@ -99,11 +101,18 @@ def _scan(text: str) -> str:
     return text[:half] + "\n" + text[-half:]
 
 
+def max_tokens_of(request: Any) -> int | None:
+    """The answer budget a ChatRequest or a request dict asks for (None: not said)."""
+    if isinstance(request, ChatRequest):
+        return request.max_tokens
+    return request.get("max_tokens") if isinstance(request, dict) else None
+
+
 def messages_of(request: Any) -> list[dict[str, str]]:
     """Chat messages from a ChatRequest, a list of message dicts, or a plain prompt string."""
     if isinstance(request, str):
         return [{"role": "user", "content": request}]
-    if hasattr(request, "message_dicts"):
+    if isinstance(request, ChatRequest):
         # tools, calls and results as the text a model reads: the schemas are part of the
         # prompt's size and of what the answer must get right
         from ..tools.prompt import plain_tool_messages
@@ -127,8 +136,7 @@ def extract(
     """Named features of a request (see :data:`FEATURE_NAMES`); never raises on odd text."""
     messages = messages_of(request)
     if max_tokens is None:
-        max_tokens = getattr(request, "max_tokens", None) or (request.get("max_tokens") if isinstance(request, dict)
-                                                              else None)
+        max_tokens = max_tokens_of(request)
     count = count_tokens or estimate_tokens
     users = [m["content"] for m in messages if m["role"] == "user"]
     last = users[-1] if users else ""

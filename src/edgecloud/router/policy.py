@@ -23,19 +23,27 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable, Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import numpy as np
 
 from ..errors import ConfigError, PrivacyViolationError
-from .features import estimate_tokens, messages_of
+from ..types import ChatRequest
+from .features import estimate_tokens, max_tokens_of, messages_of
 from .pii import Redaction, has_pii, redact
-from .scorers import DESIGN_BANDS, Scorer, load_scorer
+from .scorers import DESIGN_BANDS, BandedScorer, Scorer, load_scorer
 
 __all__ = ["PrivacyViolationError", "RouteDecision", "RoutePolicy"]
 
 Side = Literal["edge", "cloud"]
+
+
+def _hint(request: Any, name: str) -> Any:
+    """A routing field (``route``, ``privacy``) of a ChatRequest or a request dict; None otherwise."""
+    if isinstance(request, ChatRequest):
+        return request.route if name == "route" else request.privacy
+    return request.get(name) if isinstance(request, dict) else None
 
 
 @dataclass
@@ -81,7 +89,7 @@ class RoutePolicy:
     def __post_init__(self) -> None:
         if self.scorer is None:
             self.scorer = load_scorer("learned")
-        low, high = getattr(self.scorer, "bands", DESIGN_BANDS)
+        low, high = self.scorer.bands if isinstance(self.scorer, BandedScorer) else DESIGN_BANDS
         self.edge_below = low if self.edge_below is None else self.edge_below
         self.cloud_above = max(high, self.edge_below) if self.cloud_above is None else self.cloud_above
         if not 0.0 <= self.edge_below <= self.cloud_above <= 1.0:
@@ -104,8 +112,7 @@ class RoutePolicy:
     def decide(self, request: Any, available: Collection[str] = ("edge", "cloud")) -> RouteDecision:
         """Route one request (a ChatRequest, a dict with ``messages``/``prompt``, or a string)."""
         messages = messages_of(request)
-        pinned = getattr(request, "route", None) or (request.get("route") if isinstance(request, dict) else None)
-        privacy = getattr(request, "privacy", None) or (request.get("privacy") if isinstance(request, dict) else None)
+        pinned, privacy = _hint(request, "route"), _hint(request, "privacy")
         found = has_pii([m["content"] for m in messages]) if self.pii != "off" else []
         local_only = privacy == "local_only" or (bool(found) and self.pii == "edge_only")
         if local_only:
@@ -124,7 +131,7 @@ class RoutePolicy:
             return self._with_redaction(RouteDecision("cloud", "the edge is unavailable", kind="unavailable"), messages, found)
         if self.edge_max_context is not None:
             count = self.count_tokens or estimate_tokens
-            need = sum(count(m["content"]) for m in messages) + (getattr(request, "max_tokens", None) or 0)
+            need = sum(count(m["content"]) for m in messages) + (max_tokens_of(request) or 0)
             if need > self.edge_max_context:
                 return self._with_redaction(RouteDecision(
                     "cloud", f"prompt + max_tokens ≈ {need} tokens exceed the edge context {self.edge_max_context}",
@@ -149,7 +156,5 @@ class RoutePolicy:
         if decision.target != "cloud" or not found or self.pii != "redact":
             return decision
         texts, redaction = redact([m["content"] for m in messages])
-        decision.redaction = redaction
-        decision.messages = [{**m, "content": t} for m, t in zip(messages, texts)]
-        decision.reason += f"; PII redacted ({', '.join(found)})"
-        return decision
+        return replace(decision, redaction=redaction, messages=[{**m, "content": t} for m, t in zip(messages, texts)],
+                       reason=f"{decision.reason}; PII redacted ({', '.join(found)})")

@@ -24,7 +24,7 @@ from typing import Any, Protocol, runtime_checkable
 from .features import FEATURE_NAMES, extract, hashed_ngrams
 
 __all__ = [
-    "DESIGN_BANDS", "FORMAT", "LearnedScorer", "RulesScorer", "Scorer", "load_scorer",
+    "DESIGN_BANDS", "FORMAT", "BandedScorer", "LearnedScorer", "RulesScorer", "Scorer", "load_scorer",
     "PACKAGED_SCORER",
 ]
 
@@ -39,16 +39,19 @@ PACKAGED_SCORER = "scorer.json"
 
 @runtime_checkable
 class Scorer(Protocol):
-    """Anything with a name, ``score(request) -> float`` in [0, 1], and its own default bands.
-
-    ``bands`` is ``(edge_below, cloud_above)``: the policy's thresholds when the settings name
-    none, since each scorer's scale is its own.
-    """
+    """Anything with a name and ``score(request) -> float`` in [0, 1]."""
 
     name: str
-    bands: tuple[float, float]
 
     def score(self, request: Any) -> float: ...
+
+
+@runtime_checkable
+class BandedScorer(Scorer, Protocol):
+    """A scorer with its own default bands: ``(edge_below, cloud_above)``, the policy's thresholds
+    when the settings name none, since each scorer's scale is its own (others get :data:`DESIGN_BANDS`)."""
+
+    bands: tuple[float, float]
 
 
 class RulesScorer:

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from .stats import RuntimeStats
 from ..types import (
     ChatCompletionChunk,
     ChatRequest,
@@ -107,14 +108,17 @@ class AnswerChunks:
         route: RouteInfo,
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
+        stats: RuntimeStats | None = None,
     ) -> None:
         self.id, self.created, self.model, self.route = new_completion_id(), now(), model, route
+        self._stats = stats
         self._piece, self._is_eog = piece, is_eog
         self._ignore_eos = request.ignore_eos
         self._want_logprobs = bool(request.logprobs)
-        self._top_n = (getattr(request, "top_logprobs", None) or 0) if request.logprobs else 0
+        chat = request if isinstance(request, ChatRequest) else None
+        self._top_n = (chat.top_logprobs or 0) if chat is not None and request.logprobs else 0
         self._text = TextStream(request.stop_sequences)
-        mode = getattr(request, "tool_mode", None)
+        mode = chat.tool_mode if chat is not None else None
         self._tools = (ToolCallParser(t.function.name for t in request.tools)
                        if mode is not None and mode.mode != "none" else None)
         self._pending: list[TokenLogprob] = []
@@ -159,11 +163,13 @@ class AnswerChunks:
         """Take the next sampled token (``logits``: the distribution it came from, for logprobs; or
         ``logprob``, already computed where the logits were); returns the chunks to send now (none
         while text is held back). :attr:`generated` counts it before anything is sent, so a
-        caller's counters are right even if the stream is closed."""
+        caller's counters (and ``stats``, given at construction) are right even if the stream is closed."""
         if not self._ignore_eos and self._is_eog(token):
             self.finish_reason, self.done = "stop", True
             return []
         self.generated += 1
+        if self._stats is not None:
+            self._stats.completion_tokens += 1
         if self._want_logprobs:
             if logprob is None:
                 assert logits is not None, "logprobs need the logits the token was sampled from"

@@ -28,7 +28,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
 from .scoring import TokenScore
-from ..types import FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_stop, check_text, now
+from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_stop, check_text, now
 
 __all__ = [
     "Completion",
@@ -154,11 +154,8 @@ class CompletionChoice(BaseModel):
     finish_reason: FinishReason | None = None
 
 
-class Completion(BaseModel):
-    id: str
+class Completion(Envelope):
     object: Literal["text_completion"] = "text_completion"
-    created: int
-    model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
     route: RouteInfo | None = None

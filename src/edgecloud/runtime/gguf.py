@@ -82,8 +82,9 @@ class ModelSpec:
 
     def __post_init__(self) -> None:
         for name in ("n_layer", "n_embd", "n_head", "n_head_kv", "head_dim_k", "head_dim_v", "n_vocab"):
-            if int(getattr(self, name)) <= 0:
-                raise ModelIntegrityError(f"model {self.name!r}: {name} must be positive, got {getattr(self, name)}")
+            value = vars(self)[name]
+            if int(value) <= 0:
+                raise ModelIntegrityError(f"model {self.name!r}: {name} must be positive, got {value}")
         if self.layer_bytes <= 0:
             rest = self.weights_bytes - self.output_bytes - (0 if self.tied_embeddings else self.token_embd_bytes)
             object.__setattr__(self, "layer_bytes", max(rest, 0) // self.n_layer)

@@ -1,14 +1,25 @@
-"""Sampling defaults and the one mapping from a request's options to sampler settings.
+"""Sampling defaults, the one mapping from a request's options to sampler settings, and the one token chooser.
 
 Every runtime (llama.cpp, ONNX Runtime, the torch engine on either side) reads a request's
 sampling options through :func:`sampling_params`, so a field left out means the same
 everywhere: OpenAI's defaults (temperature 1, top-p 1), llama.cpp's penalty window.
+
+Runtimes that choose tokens themselves from a logits row (ONNX Runtime, torch, Core ML, the
+torch serving engine) do it with :class:`TokenChooser`: presence/frequency penalties over the
+last :data:`PENALTY_LAST_N` tokens, then ``logit_bias`` (llama.cpp's chain order), then the
+greedy argmax or temperature + nucleus (top-p) sampling from :func:`sampling_distribution`
+with the request's seed. The llama.cpp runtimes run llama.cpp's own sampler chain, which
+orders the same stages the same way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import numpy as np
+import numpy.typing as npt
 
 from ..errors import InvalidRequestError
 
@@ -18,7 +29,9 @@ __all__ = [
     "GREEDY_BELOW",
     "PENALTY_LAST_N",
     "SamplingParams",
+    "TokenChooser",
     "check_logit_bias",
+    "sampling_distribution",
     "sampling_params",
 ]
 
@@ -84,18 +97,21 @@ def sampling_params(
     decoding to a grammar (``response_format``); a request that asks a runtime for what it does
     not do is refused here, naming the field (never silently ignored).
     """
-    fmt = getattr(request, "response_format", None)
+    from ..types import ChatRequest
+
+    chat = request if isinstance(request, ChatRequest) else None
+    fmt = chat.response_format if chat is not None else None
     wants_grammar = bool(fmt) and fmt.get("type") != "text"
     if wants_grammar and not grammar:
         raise InvalidRequestError("structured output (response_format json_object / json_schema) is not supported by "
                                   "this runtime; the llama.cpp runtime (and edgecloud serve) constrains it", param="response_format")
-    tool_mode = getattr(request, "tool_mode", None)
+    tool_mode = chat.tool_mode if chat is not None else None
     tools = tool_mode is not None and tool_mode.mode != "none"
     if tools and tool_mode.mode == "required" and not grammar:
         raise InvalidRequestError("tool_choice 'required' or a named function needs decoding held to the call's "
                                   "schema, which this runtime does not do; use the llama.cpp runtime on the edge "
                                   "(or edgecloud serve), or send tool_choice 'auto'", param="tool_choice")
-    bias = getattr(request, "logit_bias", None) or {}
+    bias = (chat.logit_bias if chat is not None else None) or {}
     if bias and not logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "
                                   "(leave it out here)", param="logit_bias")
@@ -112,9 +128,9 @@ def sampling_params(
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
         seed=request.seed,
-        stop_at_eog=not getattr(request, "ignore_eos", False),
-        presence_penalty=getattr(request, "presence_penalty", None) or 0.0,
-        frequency_penalty=getattr(request, "frequency_penalty", None) or 0.0,
+        stop_at_eog=not request.ignore_eos,
+        presence_penalty=request.presence_penalty or 0.0,
+        frequency_penalty=request.frequency_penalty or 0.0,
     )
 
 
@@ -125,3 +141,58 @@ def check_logit_bias(params: SamplingParams, n_vocab: int) -> None:
     if bad is not None:
         raise InvalidRequestError(f"logit_bias names token {bad}, outside this model's vocabulary "
                                   f"(0..{n_vocab - 1})", param="logit_bias")
+
+
+def sampling_distribution(logits: npt.NDArray[Any], temperature: float, top_p: float = 1.0) -> npt.NDArray[np.float64]:
+    """Probabilities over the vocabulary (the last axis) after temperature and nucleus (top-p)
+    truncation: what a sampled token is drawn from (and what speculative verification compares).
+    The top token always stays, whatever ``top_p``."""
+    wide = np.asarray(logits, dtype=np.float64)
+    # shift by the maximum first: the top logit maps to 0 and nothing overflows, however small the
+    # temperature or extreme the logits (an inf logit would otherwise give inf - inf = NaN)
+    top = np.nan_to_num(wide.max(axis=-1, keepdims=True), nan=0.0, posinf=0.0, neginf=0.0)
+    scaled = np.nan_to_num((wide - top) / max(temperature, GREEDY_BELOW), nan=-np.inf)
+    probs = np.exp(scaled)
+    probs /= probs.sum(axis=-1, keepdims=True)
+    if top_p < 1.0:
+        order = np.argsort(-probs, axis=-1, kind="stable")
+        ranked = np.take_along_axis(probs, order, axis=-1)
+        keep = np.cumsum(ranked, axis=-1) - ranked < top_p
+        keep[..., 0] = True
+        kept = np.zeros_like(probs)
+        np.put_along_axis(kept, order, ranked * keep, axis=-1)
+        probs = kept / kept.sum(axis=-1, keepdims=True)
+    return probs
+
+
+class TokenChooser:
+    """The next token from a logits row under one sequence's :class:`SamplingParams` (see the module docstring)."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.params = params
+        self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)  # a negative seed too
+
+    def adjust(self, row: npt.NDArray[Any], recent: Sequence[int] = ()) -> npt.NDArray[Any]:
+        """``row`` with the penalties (over the last :data:`PENALTY_LAST_N` of ``recent``) and the
+        logit bias applied: a copy when anything changes."""
+        params = self.params
+        if not (params.penalised and len(recent)) and not params.logit_bias:
+            return row
+        row = np.array(row, dtype=np.float32)
+        if params.penalised and len(recent):
+            ids, counts = np.unique(np.asarray(recent[-PENALTY_LAST_N:], dtype=np.int64), return_counts=True)
+            row[ids] -= params.frequency_penalty * counts + params.presence_penalty
+        for token, bias in params.logit_bias:  # after the penalties, as llama.cpp's chain orders them
+            row[token] += bias
+        return row
+
+    def pick(self, row: npt.NDArray[Any]) -> int:
+        """The greedy argmax of an adjusted ``row``, or a draw from its sampling distribution."""
+        if self.params.greedy:
+            return int(np.argmax(row))
+        probs = sampling_distribution(row, self.params.temperature, self.params.top_p)
+        return int(self.rng.choice(probs.size, p=probs))
+
+    def choose(self, row: npt.NDArray[Any], recent: Sequence[int] = ()) -> int:
+        """:meth:`adjust`, then :meth:`pick`."""
+        return self.pick(self.adjust(row, recent))

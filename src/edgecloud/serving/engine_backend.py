@@ -204,5 +204,8 @@ class TorchEngineBackend(BatchedEngineBackend):
         seq = scheduler.submit(prompt, params, loop=loop, setup=setup)
         return seq, answer, len(prompt)
 
+    def describe(self) -> str:
+        return f"torch engine serving {self.model_name} in {self.precision} on {self.device} ({self.precision_reason})"
+
     def _route(self) -> RouteInfo:
         return RouteInfo(target="cloud", backend=self.name, reason=f"torch engine ({self.precision}, {self.device})")

@@ -139,7 +139,7 @@ class BatchedEngineBackend(Backend):
             )
         params = sampling_params(request, request.max_tokens or self.n_ctx - len(prompt),
                                  logit_bias=self.applies_logit_bias, grammar=self.applies_grammar)
-        options = getattr(request, "speculative", None)
+        options = request.speculative if isinstance(request, ChatRequest) else None
         if options is None:
             return params
         if options.mode is not None and not self.speculative.allows(options.mode):

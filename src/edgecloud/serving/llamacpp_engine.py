@@ -186,6 +186,9 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
             raise
         return seq, answer, len(prompt)
 
+    def describe(self) -> str:
+        return f"llama.cpp engine serving {self.model_name}: {self.max_batch} slots of {self.n_ctx} tokens"
+
     def _route(self) -> RouteInfo:
         return RouteInfo(target="cloud", backend=self.name,
                          reason=f"llama.cpp engine ({self.max_batch} slots, {self.threads} threads)")

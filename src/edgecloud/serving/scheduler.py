@@ -45,10 +45,10 @@ import torch
 
 from ..runtime.chunks import token_logprob
 from ..runtime.prefix_cache import PrefixCache, SavedPrefix
-from ..runtime.sampling import PENALTY_LAST_N, SamplingParams
+from ..runtime.sampling import SamplingParams, TokenChooser
 from ..errors import BackendError
 from ..observability.server_metrics import ServerMetrics
-from ..engine import KVCache, Transformer, sample
+from ..engine import KVCache, Transformer
 from .batching import DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE, BatchScheduler, BatchSequence
 from .speculative import Planned, SpecState, Speculator
 
@@ -73,7 +73,10 @@ class Sequence(BatchSequence):
         self.cache: KVCache | None = None
         #: Speculation controller while running.
         self.spec: SpecState | None = None
+        #: Speculative verification's random stream (seeded with the request's seed).
         self._generator: torch.Generator | None = None
+        #: Penalties, bias, greedy or temperature + top-p: the runtime's one token chooser.
+        self.chooser = TokenChooser(params)
         #: The grammar the answer is held to (a ``GrammarMask``; ``response_format`` or tool calls), set by the engine.
         self.grammar: Any = None
         if params.seed is not None:
@@ -224,8 +227,7 @@ class Scheduler(BatchScheduler[Sequence]):
         elif _shaped(seq):
             tokens = [self._constrained(seq, row[-1])]
         elif plan is None:
-            tokens = [sample(row[0], temperature=seq.params.temperature, top_p=seq.params.top_p,
-                             generator=seq._generator)]
+            tokens = [seq.chooser.pick(row[0].float().numpy())]
         else:
             assert self.speculator is not None and seq.cache is not None
             verdict = self.speculator.verify(
@@ -250,20 +252,10 @@ class Scheduler(BatchScheduler[Sequence]):
         return token
 
     def _choose(self, seq: Sequence, row: np.ndarray) -> int:
-        params = seq.params
-        if params.penalised and seq.output:
-            # as llama.cpp's penalties stage: over the last PENALTY_LAST_N generated tokens
-            ids, counts = np.unique(np.asarray(seq.output[-PENALTY_LAST_N:]), return_counts=True)
-            row[ids] -= params.frequency_penalty * counts + params.presence_penalty
-        for token, bias in params.logit_bias:  # after the penalties, as llama.cpp's chain orders them
-            row[token] += bias
-        if seq.grammar is not None and params.greedy:
+        row = seq.chooser.adjust(row, seq.output)
+        if seq.grammar is not None and seq.params.greedy:
             return int(seq.grammar.greedy(row))
-        masked = torch.from_numpy(seq.grammar.mask(row) if seq.grammar is not None else row)
-        if seq.params.greedy:
-            token = int(masked.argmax())
-        else:
-            token = sample(masked, temperature=seq.params.temperature, top_p=seq.params.top_p, generator=seq._generator)
+        token = seq.chooser.pick(seq.grammar.mask(row) if seq.grammar is not None else row)
         if seq.grammar is not None:
             seq.grammar.accept(token)
         return token

@@ -55,7 +55,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
-from ..backend import Backend
+from ..backend import Backend, aclose_stream
 from ..errors import (
     AuthenticationError,
     ContextOverflowError,
@@ -107,7 +107,7 @@ def _error_body(exc: BaseException) -> dict[str, Any]:
         "error": {
             "message": message,
             "type": error_type,
-            "param": getattr(exc, "param", None),
+            "param": exc.param if isinstance(exc, EdgeCloudError) else None,
             "code": _error_code(exc),
         }
     }
@@ -131,9 +131,7 @@ class _EventStream(StreamingResponse):
         try:
             await super().stream_response(send)
         finally:
-            aclose = getattr(self.body_iterator, "aclose", None)
-            if aclose is not None:
-                await aclose()
+            await aclose_stream(self.body_iterator)
 
 
 def _sse(payload: str) -> bytes:
@@ -225,7 +223,7 @@ def create_app(
     def check_model(requested: str | None) -> None:
         if requested is not None and requested != model_name:
             error = ModelNotFoundError(f"the model {requested!r} does not exist here; this server serves {model_name!r}")
-            error.param = "model"  # type: ignore[attr-defined]
+            error.param = "model"
             raise error
 
     @app.exception_handler(EdgeCloudError)
@@ -236,7 +234,7 @@ def create_app(
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
         body = {"error": {"message": str(exc.detail), "type": error_type, "param": None, "code": None}}
-        return JSONResponse(body, status_code=exc.status_code, headers=getattr(exc, "headers", None))
+        return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -141,7 +141,7 @@ class VLLMSettings:
         if not 0 < self.port < 65536:
             raise InvalidRequestError(f"port must be 1-65535, not {self.port}", param="port")
         for name in ("max_batch", "ctx", "tensor_parallel_size", "threads"):
-            value = getattr(self, name)
+            value = vars(self)[name]
             if value is not None and value < 1:
                 raise InvalidRequestError(f"{name} must be at least 1, not {value}", param=name)
         if self.max_queue is not None:

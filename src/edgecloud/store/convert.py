@@ -117,13 +117,13 @@ def _convert(gguf: Path, out: Path, dtype: str, digest: str) -> None:
     except ImportError as exc:
         raise SystemExit(f"ImportError: converting GGUF for vLLM needs transformers and torch ({exc}); "
                          "pip install 'edgecloud[vllm]'") from exc
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[dtype]
     tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch_dtype)
     # The weights are dequantized now; transformers still marks the model as GGUF-quantized and
     # refuses to save it while the mark is there.
     model.hf_quantizer = None
-    if getattr(model.config, "quantization_config", None) is not None:
+    if "quantization_config" in vars(model.config):
         del model.config.quantization_config
     model.save_pretrained(out, safe_serialization=True)
     tokenizer.save_pretrained(out)

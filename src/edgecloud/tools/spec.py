@@ -16,7 +16,7 @@ import re
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -204,15 +204,23 @@ def resolve_tool_choice(tools: Sequence[ToolSpec] | None, choice: Any, parallel:
     return ToolChoice("required", name=name, parallel=False)
 
 
-def check_tool_history(messages: Sequence[Any]) -> None:
+class _Message(Protocol):
+    """What :func:`check_tool_history` reads of a chat message (:class:`~edgecloud.types.ChatMessage`)."""
+
+    role: str
+    tool_calls: list[ToolCall] | None
+    tool_call_id: str | None
+
+
+def check_tool_history(messages: Sequence[_Message]) -> None:
     """Every ``tool`` message carries the id of a call an earlier assistant message made."""
     called: set[str] = set()
     for i, message in enumerate(messages):
-        for call in getattr(message, "tool_calls", None) or []:
+        for call in message.tool_calls or []:
             called.add(call.id)
         if message.role != "tool":
             continue
-        call_id = getattr(message, "tool_call_id", None)
+        call_id = message.tool_call_id
         if not call_id:
             raise InvalidRequestError(f"invalid 'messages[{i}].tool_call_id': a tool message needs the id of the call "
                                       "it answers", param=f"messages[{i}].tool_call_id")

@@ -34,7 +34,7 @@ from ..sandbox import run_python
 __all__ = ["SUITES", "Task", "extract_code", "grade", "load_tasks", "normalise"]
 
 SUITES = ("humaneval", "code", "math", "facts", "long")
-Grader = Literal["program", "number", "text"]
+Grader = Literal["program", "number", "text", "numbers", "json", "choice", "all"]
 
 _CODE_INSTRUCTION = "Reply with the complete code in a single ```python block."
 
@@ -48,7 +48,10 @@ class Task:
     messages: list[dict[str, str]]
     grader: Grader
     #: ``program``: source run before/after the answer's code; ``number``: the expected value;
-    #: ``text``: accepted answers.
+    #: ``text``: accepted answers (``exact_case``: compared with case); ``numbers``: the list the
+    #: answer's last line of numbers must equal; ``json``: the JSON value the answer must hold;
+    #: ``choice``: the option the answer names last, among ``options``; ``all``: answers that
+    #: must all appear.
     check: dict[str, Any] = field(default_factory=dict)
     max_tokens: int = 512
     difficulty: str | None = None
@@ -73,15 +76,60 @@ def _last_number(text: str) -> float | None:
         return None
 
 
+def _last_numbers(text: str) -> list[float] | None:
+    """The numbers of the answer's last line that holds any (a restated input comes before it)."""
+    for line in reversed(text.strip().splitlines()):
+        found = re.findall(r"-?\d+(?:\.\d+)?", line)
+        if found:
+            return [float(f) for f in found]
+    return None
+
+
+def _json_value(text: str) -> Any:
+    """The first JSON array or object in the answer (fenced or bare), or None."""
+    decoder = json.JSONDecoder()
+    for i, char in enumerate(text):
+        if char in "[{":
+            try:
+                return decoder.raw_decode(text[i:])[0]
+            except ValueError:
+                continue
+    return None
+
+
+def _last_option(text: str, options: list[str]) -> str | None:
+    """The option named last in the answer (whole words, case-folded)."""
+    best, at = None, -1
+    folded = text.casefold()
+    for option in options:
+        for match in re.finditer(rf"\b{re.escape(option.casefold())}\b", folded):
+            if match.start() > at:
+                best, at = option, match.start()
+    return best
+
+
 def grade(task: Task, answer: str, *, timeout: float = 10.0) -> bool:
     """Whether ``answer`` solves ``task`` (code runs in the sandbox, never in this process)."""
+    check = task.check
     if task.grader == "number":
         got = _last_number(answer)
-        return got is not None and abs(got - float(task.check["answer"])) < 1e-6
+        return got is not None and abs(got - float(check["answer"])) < 1e-6
     if task.grader == "text":
+        if check.get("exact_case"):  # symbols, numerals: the same letters, as a word of their own
+            return any(re.search(rf"(?<![A-Za-z0-9]){re.escape(a)}(?![A-Za-z0-9])", answer) for a in check["answers"])
         said = normalise(answer)
-        return any(normalise(a) in said for a in task.check["answers"])
-    program = "\n\n".join([task.check.get("before", ""), extract_code(answer), task.check["tests"]])
+        return any(normalise(a) in said for a in check["answers"])
+    if task.grader == "all":
+        said = normalise(answer)
+        return all(normalise(a) in said for a in check["answers"])
+    if task.grader == "numbers":
+        got = _last_numbers(answer)
+        return got is not None and got == [float(x) for x in check["answer"]]
+    if task.grader == "json":
+        return _json_value(answer) == check["answer"]
+    if task.grader == "choice":
+        return _last_option(answer, check["options"]) == check["answer"]
+    program = "\n\n".join([check.get("before", ""), extract_code(answer), check["tests"]])
     return run_python(program, timeout=timeout).passed
 
 
