@@ -205,9 +205,10 @@ def running_app(app: object) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def serving(engine: str, model: Any, *, n_ctx: int, api_key: str) -> Iterator[tuple[str, Any]]:
+def serving(engine: str, model: Any, *, n_ctx: int, api_key: str, **app: Any) -> Iterator[tuple[str, Any]]:
     """``(url, backend)``: the real app on loopback over the ``torch`` or the ``llamacpp`` engine
-    (both batched, what ``edgecloud serve`` runs), loaded first and closed afterwards."""
+    (both batched, what ``edgecloud serve`` runs), loaded first and closed afterwards; ``app``:
+    more :func:`~edgecloud.serving.server.create_app` options."""
     from edgecloud.serving.server import create_app
 
     if engine == "torch":
@@ -220,7 +221,7 @@ def serving(engine: str, model: Any, *, n_ctx: int, api_key: str) -> Iterator[tu
         backend = LlamaCppEngineBackend(model, n_ctx=n_ctx, max_batch=2)
     backend.load()
     try:
-        with running_app(create_app(backend, model_name="m", api_key=api_key)) as url:
+        with running_app(create_app(backend, model_name="m", api_key=api_key, **app)) as url:
             yield url, backend
     finally:
         backend.close()

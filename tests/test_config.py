@@ -232,3 +232,30 @@ def test_edge_runtime_picks_the_backend_class(monkeypatch: pytest.MonkeyPatch) -
     assert isinstance(EdgeCloud(edge_model="m.gguf").edge, LlamaCppBackend)
     with pytest.raises(ConfigError, match="edge_runtime"):
         EdgeCloud(config={"edge_runtime": "tpu"})
+
+
+@pytest.mark.parametrize("collab, key", [
+    ({"max_calls": -1}, "collab.max_calls"),
+    ({"trust": 1.5}, "collab.trust"),
+    ({"draft_min": 9, "draft_max": 4}, "collab.draft_max"),
+    ({"mode": "sometimes"}, "collab.mode"),
+])
+def test_collab_settings_out_of_range_name_the_key(collab: dict[str, object], key: str) -> None:
+    from edgecloud.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        load_settings(collab=collab)
+
+
+def test_a_request_may_bring_its_own_collab_settings() -> None:
+    from edgecloud.errors import InvalidRequestError
+    from edgecloud.types import ChatRequest
+
+    asked = ChatRequest(messages=[{"role": "user", "content": "x"}], collab={"mode": "checked", "max_calls": 3})
+    assert (asked.collab_options.mode, asked.collab_options.max_calls) == ("checked", 3)
+    assert ChatRequest(messages=[{"role": "user", "content": "x"}], collab="verified").collab_options.mode == "verified"
+    for collab, param in (({"max_calls": -2}, "collab.max_calls"), ({"policy": "x"}, "collab.policy"),
+                          ("sometimes", "collab")):
+        with pytest.raises(InvalidRequestError) as info:
+            ChatRequest(messages=[{"role": "user", "content": "x"}], collab=collab)
+        assert info.value.param == param

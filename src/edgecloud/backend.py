@@ -31,7 +31,7 @@ from .errors import BackendError, BackendUnavailableError
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
 if TYPE_CHECKING:
-    from .runtime.scoring import TokenScore
+    from .runtime.scoring import Scored, TokenScore, TokenSession
 
 __all__ = [
     "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "TemplatedBackend", "Verifier",
@@ -303,6 +303,10 @@ class Drafter(ChatTokenizer, Protocol):
         """The next ``k`` greedy tokens after ``tokens`` (fewer when one ends generation)."""
         ...
 
+    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
+        """The greedy continuation of ``tokens`` as ``(token, probability of it)``, one at a time."""
+        ...
+
 
 @runtime_checkable
 class Verifier(Protocol):
@@ -310,6 +314,10 @@ class Verifier(Protocol):
 
     def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
         """Scores of ``tokens[start:]`` and the greedy next token."""
+        ...
+
+    def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1) -> Scored:
+        """:meth:`score` in a token session: only what the endpoint does not hold is sent."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:

@@ -49,6 +49,7 @@ from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
 from .store.catalogue import DEFAULT_MODEL
+from .types import CollabMode
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -112,6 +113,12 @@ class Prices(_Section):
     cloud_input_per_mtok: float = Field(0.50, ge=0, description="USD per million prompt tokens sent to the cloud.")
     cloud_output_per_mtok: float = Field(1.50, ge=0, description="USD per million tokens the cloud generates.")
     edge_per_second: float = Field(0.0, ge=0, description="USD per second of on-device generation (energy, wear).")
+    cloud_cached_input_share: float = Field(
+        0.1, ge=0, le=1,
+        description="Prompt tokens the cloud reads from its prefix cache (usage.prompt_tokens_details.cached_tokens) "
+                    "cost this share of the input price (the large APIs bill about 10 %); a cloud that reports no "
+                    "cached tokens is priced as uncached.",
+    )
 
 
 class RouterSettings(_Section):
@@ -169,17 +176,16 @@ class FallbackSettings(_Section):
     mid_stream: bool = Field(True, description="Continue a broken stream on the other side.")
 
 
-CollabMode = Literal["auto", "off", "token", "verified", "cascade"]
-
-
 class CollabSettings(_Section):
     """How the edge and the cloud share one answer (see :mod:`edgecloud.collab`)."""
 
     mode: CollabMode = Field(
         "auto",
-        description="auto: token mode for answers that start on the edge (when a cloud is configured); off: one side "
-                    "answers; token: the cloud writes spans where the edge is unsure; verified: the cloud checks the "
-                    "edge's drafts (greedy text identical to the cloud's); cascade: the buffered middle-band check.",
+        description="auto: checked mode for answers that start on the edge (when a cloud is configured; token mode "
+                    "where token ids cannot be shared); off: one side answers; checked: the edge writes while sure and "
+                    "the cloud checks the tokens it is unsure of; token: the cloud writes text spans where the edge is "
+                    "unsure; verified: the cloud checks every drafted token (its greedy text, token for token); "
+                    "cascade: the buffered middle-band check.",
     )
     gate_signal: Literal["entropy", "top1", "margin"] = Field(
         "top1", description="Token mode: what the gate reads from the edge's next-token distribution.",
@@ -198,7 +204,26 @@ class CollabSettings(_Section):
                                "dropped and the edge writes on alone.",
     )
     top_logprobs: int = Field(10, ge=2, le=20, description="Alternatives per edge token the gate reads.")
-    draft_max: int = Field(12, ge=1, le=64, description="Verified mode: most tokens the edge drafts per check.")
+    trust: float = Field(
+        0.7, ge=0, le=1,
+        description="Checked mode: the edge writes a token without asking the cloud when its own probability of it is "
+                    "at least this (1: every token is checked, as in verified mode; 0: the edge writes alone).",
+    )
+    max_calls: int | None = Field(
+        None, ge=0, description="Most cloud calls (spans, checks) per answer; once spent the edge writes alone "
+                                "(unset: no limit).",
+        examples=[8],
+    )
+    draft_min: int = Field(1, ge=1, le=64, description="Checked and verified mode: fewest tokens one check sends.")
+    draft_max: int = Field(12, ge=1, le=64, description="Checked and verified mode: most tokens one check sends.")
+
+    @field_validator("draft_max")
+    @classmethod
+    def _draft_range(cls, draft_max: int, info: ValidationInfo) -> int:
+        draft_min = info.data.get("draft_min")
+        if draft_min is not None and draft_max < draft_min:
+            raise ValueError(f"must be >= collab.draft_min ({draft_min}); lower draft_min or raise draft_max")
+        return draft_max
 
 
 class EdgeCloudSettings(BaseSettings):

@@ -10,7 +10,8 @@ route record read that field, never the message::
 
     EdgeCloudError
     ├── InvalidRequestError (also ValueError)    bad input; the message names the field
-    │   └── ContextOverflowError                  prompt longer than the planned context
+    │   ├── ContextOverflowError                  prompt longer than the planned context
+    │   └── SessionExpiredError                   a server no longer holds a token session (409)
     ├── ModelError
     │   ├── ModelNotFoundError (also LookupError) unknown name or missing file
     │   ├── ModelIntegrityError                   size/sha256 mismatch, truncated or bad GGUF
@@ -22,6 +23,7 @@ route record read that field, never the message::
     │   └── GenerationCancelled                   the caller stopped the stream
     ├── PrivacyViolationError                     a device-only request cannot run on the device
     └── ConfigError                               bad settings file or environment variable
+        └── ScoringUnsupportedError               an endpoint cannot score a continuation
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ __all__ = [
     "EdgeCloudError",
     "InvalidRequestError",
     "ContextOverflowError",
+    "SessionExpiredError",
     "ModelError",
     "ModelNotFoundError",
     "ModelIntegrityError",
@@ -45,6 +48,7 @@ __all__ = [
     "GenerationCancelled",
     "PrivacyViolationError",
     "ConfigError",
+    "ScoringUnsupportedError",
 ]
 
 
@@ -114,6 +118,17 @@ class ContextOverflowError(InvalidRequestError):
         super().__init__(message, param="messages")
         self.prompt_tokens = prompt_tokens
         self.context_tokens = context_tokens
+
+
+class SessionExpiredError(InvalidRequestError):
+    """A request continued a token session (``session.base`` tokens the server should hold) the
+    server no longer holds, or holds fewer of: send the whole context again (HTTP 409,
+    code ``session_expired``)."""
+
+    status_code = 409
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, param="session")
 
 
 class ModelError(EdgeCloudError):
@@ -190,3 +205,8 @@ class ConfigError(EdgeCloudError, ValueError):
     """A settings file or EDGECLOUD_* variable has a bad value."""
 
     cause: FailureCause = "config"
+
+
+class ScoringUnsupportedError(ConfigError):
+    """An endpoint does not score a given continuation (``echo`` + ``logprobs`` on
+    ``/v1/completions``): checked and verified mode cannot use it."""

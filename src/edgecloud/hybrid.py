@@ -43,9 +43,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .answer import AnswerHooks, AnswerRecorder, Part
-from .backend import Backend
-from .collab import AUTO_MODE, MODES, AnswerRun, Mode
-from .config import EdgeCloudSettings, load_settings
+from .backend import Backend, Drafter
+from .collab import AUTO_MODE, MODES, TEXT_MODE, AnswerRun, Mode, can_score
+from .config import CollabSettings, EdgeCloudSettings, load_settings
 from .errors import ConfigError, InvalidRequestError
 from .fallback import Attempt, CircuitBreaker
 from .observability.client_metrics import ClientMetrics
@@ -68,6 +68,8 @@ class ModePlan:
     mode: str
     target: str
     notes: list[tuple[NoteCode, str]] = field(default_factory=list)
+    #: Whether ``collab="auto"`` chose the mode.
+    auto: bool = False
 
 
 class Hybrid(Backend):
@@ -198,7 +200,7 @@ class Hybrid(Backend):
         under ``auto`` and is a ConfigError when asked for by name; a mode that cannot redact
         PII runs token mode under ``pii="redact"``.
         """
-        asked = request.collab or self.settings.collab.mode
+        asked = request.collab_options.mode or self.settings.collab.mode
         plain = ModePlan("off", decision.target)
         if decision.local_only or asked == "off" or not self.clouds or not self._edge_configured:
             return plain
@@ -212,11 +214,19 @@ class Hybrid(Backend):
             return plain
         if decision.pinned and decision.target == "cloud":
             return plain
-        wanted = MODES[AUTO_MODE if asked == "auto" else asked]
+        edge = self.edge
+        auto = asked == "auto"
+        if auto:
+            if edge is None:
+                return plain
+            auto = self._auto_mode(edge, decision)
+            if auto is None:
+                return plain
+            asked = auto
+        wanted = MODES[asked]
         if not wanted.shared:  # the cascade: an edge answer checked after the fact
             cascade = decision.cascade and self.settings.router.cascade and decision.target == "edge"
             return ModePlan(wanted.name, decision.target) if cascade else plain
-        edge = self.edge
         if edge is None:
             return plain
         if wanted.needs_logprobs and not edge.supports_logprobs:
@@ -227,11 +237,32 @@ class Hybrid(Backend):
         notes: list[tuple[NoteCode, str]] = []
         if decision.redaction is not None and not wanted.can_redact:
             notes.append(("pii_no_verify", f"{wanted.name} mode cannot redact PII (it sends token ids): "
-                                           f"{AUTO_MODE} mode instead"))
-            wanted = MODES[AUTO_MODE]
+                                           f"{TEXT_MODE} mode instead"))
+            wanted = MODES[TEXT_MODE]
         if decision.target == "cloud":
             notes.append(("edge_starts", "the edge starts and the cloud writes where it is unsure"))
-        return ModePlan(wanted.name, "edge", notes)
+        return ModePlan(wanted.name, "edge", notes, auto=auto)
+
+    def _auto_mode(self, edge: Backend, decision: RouteDecision) -> str | None:
+        """What ``collab="auto"`` runs for an answer both sides may share: :data:`AUTO_MODE` when
+        the edge drafts token ids and every cloud scores them (and nothing is redacted: the cloud
+        would see token ids), else the text-span mode when the edge gives logprobs, else None
+        (one side answers)."""
+        tokens_ok = isinstance(edge, Drafter) and all(can_score(c) for c in self.clouds)
+        if tokens_ok and decision.redaction is None:
+            return AUTO_MODE
+        return TEXT_MODE if edge.supports_logprobs else None
+
+    def answer_settings(self, request: ChatRequest) -> CollabSettings:
+        """The client's ``collab`` settings under the request's own (``collab={...}``)."""
+        options = request.collab_options
+        update = {k: v for k, v in options.model_dump(exclude={"mode"}).items() if v is not None}
+        settings = self.settings.collab.model_copy(update=update) if update else self.settings.collab
+        if request.max_tokens is not None and settings.draft_min > request.max_tokens:
+            raise InvalidRequestError(f"invalid 'collab.draft_min': {settings.draft_min} tokens per check is more "
+                                      f"than max_tokens ({request.max_tokens}); lower collab.draft_min",
+                                      param="collab.draft_min")
+        return settings
 
     def _attempts(self, decision: RouteDecision, target: str) -> list[Attempt]:
         clouds = self._cloud_attempts()
@@ -280,9 +311,10 @@ class Hybrid(Backend):
 
     def _cost(self, parts: list[Part], usage: Usage | None = None) -> CostInfo:
         """Each part priced where it ran; the cloud equivalent on the request's own usage."""
-        return self.costs.combine(
-            [self.costs.price_part(p.side, p.prompt_tokens, p.completion_tokens, p.seconds) for p in parts], usage
-        )
+        return self.costs.combine([
+            self.costs.price_part(p.side, p.prompt_tokens, p.completion_tokens, p.seconds, cached_tokens=p.cached_tokens,
+                                  calls=p.calls, passes=p.passes or None)
+            for p in parts], usage)
 
     def _edge_name(self) -> str:
         model = self.settings.edge_model
@@ -349,8 +381,8 @@ class _Run:
             self.recorder.note("collab_mode", f"{mode.name} mode: {mode.describe}")
         self.mode: Mode = mode()
         settings = hybrid.settings
-        self.answer = AnswerRun(request, attempts, settings.collab, self.recorder,
-                                mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence)
+        self.answer = AnswerRun(request, attempts, hybrid.answer_settings(request), self.recorder,
+                                mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence, auto=plan.auto)
 
     def span(self) -> Any:
         """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""

@@ -36,6 +36,8 @@ __all__ = [
     "Role",
     "ChatMessage",
     "ChatRequest",
+    "CollabMode",
+    "CollabOptions",
     "Usage",
     "PromptTokensDetails",
     "RouteInfo",
@@ -266,6 +268,23 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 }
 
 
+#: How the edge and the cloud share one answer (see :mod:`edgecloud.collab`).
+CollabMode = Literal["auto", "off", "token", "checked", "verified", "cascade"]
+
+
+class CollabOptions(_Validated):
+    """A request's own collaboration settings (``collab={"mode": "checked", "max_calls": 3}``); what
+    it leaves out comes from the client's ``collab`` settings."""
+
+    mode: CollabMode | None = None
+    #: Checked mode: the edge writes a token without the cloud when its probability is at least this.
+    trust: float | None = Field(default=None, ge=0.0, le=1.0)
+    #: Most cloud calls (spans or checks) for this answer; 0: the edge writes alone.
+    max_calls: int | None = Field(default=None, ge=0)
+    #: Fewest tokens a check sends the cloud (a round trip must be worth it).
+    draft_min: int | None = Field(default=None, ge=1, le=64)
+
+
 class ChatRequest(_Validated):
     """A chat completion request: the OpenAI fields edgecloud honours, plus routing hints.
 
@@ -321,9 +340,9 @@ class ChatRequest(_Validated):
     # edgecloud extensions
     route: Literal["auto", "edge", "cloud"] = "auto"
     privacy: Literal["default", "local_only"] = "default"
-    #: How the edge and the cloud share this answer (None: the client's setting); see
-    #: :mod:`edgecloud.collab`.
-    collab: Literal["auto", "off", "token", "verified", "cascade"] | None = None
+    #: How the edge and the cloud share this answer: a mode name, or :class:`CollabOptions`
+    #: (None: the client's ``collab`` settings); see :mod:`edgecloud.collab`.
+    collab: Union[CollabMode, CollabOptions, None] = None
     _tool_choice: ToolChoice = PrivateAttr(default_factory=lambda: ToolChoice("none"))
 
     @model_validator(mode="before")
@@ -391,6 +410,28 @@ class ChatRequest(_Validated):
                                           "of them", param="max_completion_tokens")
             self.max_tokens = self.max_completion_tokens
         return self
+
+    @field_validator("collab", mode="before")
+    @classmethod
+    def _collab_options(cls, collab: Any) -> Any:
+        # an object is the options (its errors name collab.<field>), a string the mode
+        return CollabOptions(**collab) if isinstance(collab, dict) else collab
+
+    @model_validator(mode="after")
+    def _collab_budget(self) -> "ChatRequest":
+        options = self.collab
+        if isinstance(options, CollabOptions) and options.draft_min is not None and self.max_tokens is not None \
+                and options.draft_min > self.max_tokens:
+            raise InvalidRequestError(f"invalid 'collab.draft_min': {options.draft_min} tokens per check is more than "
+                                      f"max_tokens ({self.max_tokens}); lower collab.draft_min", param="collab.draft_min")
+        return self
+
+    @property
+    def collab_options(self) -> CollabOptions:
+        """The request's collaboration settings as :class:`CollabOptions` (a bare mode name too)."""
+        if isinstance(self.collab, CollabOptions):
+            return self.collab
+        return CollabOptions(mode=self.collab)
 
     @model_validator(mode="after")
     def _tool_rules(self) -> "ChatRequest":
@@ -475,6 +516,9 @@ class Usage(BaseModel):
     cached_tokens: int = 0
     #: Speculative decoding figures (drafts, accepted tokens, k trace) when the server speculated.
     speculative: dict[str, Any] | None = None
+    #: edgecloud serve's token sessions: tokens of context the server held for this request (not
+    #: sent, not counted in ``prompt_tokens``; left out for requests without a session).
+    context_tokens: int | None = None
 
     @computed_field  # type: ignore[prop-decorator]
     @property
@@ -485,8 +529,9 @@ class Usage(BaseModel):
     @model_serializer(mode="wrap")
     def _drop_empty_speculative(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
         data: dict[str, Any] = handler(self)
-        if data.get("speculative", True) is None:
-            del data["speculative"]
+        for extension in ("speculative", "context_tokens"):
+            if data.get(extension, True) is None:
+                del data[extension]
         return data
 
 
@@ -589,8 +634,24 @@ class CostInfo(BaseModel):
     #: ``cloud_equivalent_usd - usd``: the saving of running (part of) it on the device.
     saved_usd: float = 0.0
     edge_seconds: float = 0.0
+    #: Prompt tokens sent to (and billed by) the cloud, over every request of the answer.
     cloud_input_tokens: int = 0
+    #: Of those, tokens the cloud read from its prefix cache (priced at ``cloud_cached_input_share``).
+    cloud_cached_tokens: int = 0
     cloud_output_tokens: int = 0
+    #: Requests sent to the cloud for the answer.
+    cloud_calls: int = 0
+    #: The cloud's forward passes for the answer (prefill chunks, decode steps, verification rounds).
+    cloud_passes: int = 0
+    #: The same answer all-cloud: its prompt and answer tokens (what ``cloud_equivalent_usd`` prices), and
+    #: the forward passes it would have taken (its prompt, then one step a token).
+    all_cloud_input_tokens: int = 0
+    all_cloud_output_tokens: int = 0
+    all_cloud_passes: int = 0
+    #: ``usd / cloud_equivalent_usd``: the answer's cost against the same answer all-cloud (None: nothing to compare).
+    vs_all_cloud: float | None = None
+    #: ``cloud_passes / all_cloud_passes``.
+    passes_vs_all_cloud: float | None = None
 
 
 class TopLogprob(BaseModel):

@@ -97,6 +97,10 @@ def test_the_cloud_client_reads_the_scores_back(scoring_server: tuple[str, Any])
     ({"prompt": "hi", "echo": True, "logprobs": 21, "max_tokens": 1}, "logprobs"),
     ({"prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 1, "temperature": 0.8}, "temperature"),
     ({"prompt": "hi", "max_tokens": 0}, "max_tokens"),
+    ({"prompt": "hi", "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "s1"}}, "session"),
+    ({"prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "../x"}}, "session.id"),
+    ({"prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "s", "base": -1}},
+     "session.base"),
 ])
 def test_bad_scoring_requests_are_400s_naming_the_field(scoring_server: tuple[str, Any], body: dict[str, Any],
                                                          param: str) -> None:
@@ -115,3 +119,57 @@ def test_an_engine_that_cannot_score_says_so(smollm2_path: Path) -> None:
         with pytest.raises(openai.BadRequestError) as info:
             api(url).completions.create(model="m", prompt="hi", echo=True, logprobs=1, max_tokens=1)
     assert "llamacpp" in str(info.value) and info.value.body["param"] == "echo"
+
+
+def _metric(url: str, name: str) -> float:
+    import httpx
+
+    body = httpx.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if line.startswith(f"edgecloud:{name}{{"))
+
+
+def _post(url: str, body: dict[str, Any]) -> Any:
+    import httpx
+
+    return httpx.post(f"{url}/v1/completions", json={"model": "m", "max_tokens": 1, "temperature": 0, "echo": True,
+                                                      "logprobs": 1, "return_tokens_as_token_ids": True, **body},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+
+
+def test_a_session_round_sends_only_what_is_new_and_scores_the_same(scoring_server: tuple[str, Any]) -> None:
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    cut = len(ids) - 3
+    passes, prompt_total = _metric(url, "forward_passes_total"), _metric(url, "prompt_tokens_total")
+    first = _post(url, {"prompt": ids[:cut], "session": {"id": "answer-1", "base": 0}, "score_from": cut - 1}).json()
+    assert first["session"] == {"id": "answer-1", "tokens": cut}
+    assert first["usage"]["prompt_tokens"] == cut and "context_tokens" in first["usage"]
+    later = _post(url, {"prompt": ids[cut:], "session": {"id": "answer-1", "base": cut}, "score_from": cut}).json()
+    # only the three new tokens were sent and billed; the held ones are context
+    assert later["usage"]["prompt_tokens"] == 3 and later["usage"]["context_tokens"] == cut
+    assert later["session"]["tokens"] == len(ids)
+    assert [int(t.split(":")[1]) for t in later["choices"][0]["logprobs"]["tokens"][:3]] == ids[cut:]
+    whole = _post(url, {"prompt": ids, "score_from": cut}).json()
+    assert later["choices"][0]["logprobs"]["top_logprobs"][:4] == whole["choices"][0]["logprobs"]["top_logprobs"][cut:]
+    # every scoring request moves the server's own counters: prompt tokens sent, forward passes
+    assert _metric(url, "prompt_tokens_total") - prompt_total == cut + 3 + len(ids)
+    assert _metric(url, "forward_passes_total") - passes >= 3
+    assert _metric(url, "session_context_tokens_total") >= cut
+
+
+def test_a_session_the_server_does_not_hold_is_a_409_and_the_client_resends(scoring_server: tuple[str, Any]) -> None:
+    from edgecloud.remote.client import CloudBackend
+    from edgecloud.runtime.scoring import TokenSession
+
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    gone = _post(url, {"prompt": ids[4:], "session": {"id": "never-opened", "base": 4}})
+    assert gone.status_code == 409 and gone.json()["error"]["code"] == "session_expired"
+    assert gone.json()["error"]["param"] == "session"
+    session = TokenSession(held=4, supported=True)  # it believes the server holds 4 tokens
+    with CloudBackend(url, "m", api_key=KEY) as cloud:
+        scored = cloud.score_in(session, ids, start=4)
+        own, _ = backend.score(ids, start=4)
+    assert session.resent == 1 and scored.sent == len(ids)  # the whole context again: same scores
+    assert [s.argmax for s in scored.scores] == [s.argmax for s in own]
+    assert session.held == len(ids) and session.supported

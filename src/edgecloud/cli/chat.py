@@ -58,6 +58,8 @@ class TurnStats:
     finish_reason: str | None = None
     route: RouteInfo | None = None
     cost_usd: float | None = None
+    #: The answer's cost against the same answer all-cloud.
+    cost_vs_cloud: float | None = None
     #: The tool calls the answer made.
     calls: list[ToolCall] = field(default_factory=list)
 
@@ -79,7 +81,7 @@ class TurnStats:
             for f in self.route.fallbacks:
                 where += f" · fell back {f['from']}→{f['to']} ({f['cause']}, after {f['at_chars']} chars)"
             tokens = self.route.tokens
-            if self.route.collab in ("token", "verified") and tokens:
+            if self.route.collab not in (None, "off", "cascade") and tokens:
                 written = sum(tokens.values())
                 share = 100.0 * tokens.get("cloud", 0) / written if written else 0.0
                 where += (f" · {tokens.get('cloud', 0)} of {written} tokens by the cloud ({share:.0f}%, "
@@ -87,6 +89,8 @@ class TurnStats:
         if u is None:  # stopped before the final chunk: no token counts
             return f"{where} · TTFT {ttft} · {self.chars} characters before it stopped · finish {self.finish_reason}"
         cost = f" · ${self.cost_usd:.6f}" if self.cost_usd else ""
+        if self.cost_usd and self.cost_vs_cloud is not None:
+            cost += f" ({self.cost_vs_cloud:.2f}x all-cloud)"
         return (
             f"{where} · TTFT {ttft} · {speed} · {u.completion_tokens} tokens out · "
             f"{u.prompt_tokens} prompt ({u.cached_tokens} cached) · finish {self.finish_reason}{cost}"
@@ -128,7 +132,7 @@ def _take(
     if chunk.route is not None:
         stats.route = chunk.route
     if chunk.cost is not None:
-        stats.cost_usd = chunk.cost.usd
+        stats.cost_usd, stats.cost_vs_cloud = chunk.cost.usd, chunk.cost.vs_all_cloud
     for choice in chunk.choices:
         if choice.finish_reason is not None:
             stats.finish_reason = choice.finish_reason
@@ -172,7 +176,7 @@ def chat_command(
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
     route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
     collab: str | None = typer.Option(
-        None, "--collab", help="How edge and cloud share an answer: auto, off, token, verified or cascade "
+        None, "--collab", help="How edge and cloud share an answer: auto, off, checked, token, verified or cascade "
                                "(default: the settings' collab.mode, auto).",
     ),
     backend: str = typer.Option("llamacpp", "--backend", help=f"Edge runtime: {', '.join(EDGE_RUNTIMES)}."),

@@ -6,7 +6,9 @@ Each way is a :class:`~edgecloud.collab.run.Mode` in one registry, :data:`MODES`
 * ``cascade`` (:mod:`.cascade`) - the edge answers off-stream, a confidence check accepts it or
   the cloud answers instead;
 * ``token`` (:mod:`.token`) - the edge streams; where it is unsure the cloud writes a span;
-* ``verified`` (:mod:`.verified`) - the edge drafts, the cloud verifies each draft in one forward
+* ``checked`` (:mod:`.verified`) - the edge writes while it is sure; where it is not, it drafts a
+  block and the cloud checks it in one forward pass, keeping its own choice there;
+* ``verified`` (:mod:`.verified`) - the edge drafts, the cloud verifies every draft in one forward
   pass; the answer is the cloud's greedy answer.
 
 :mod:`.gate` says when the edge is unsure; :mod:`.run` holds what the modes share (the
@@ -21,12 +23,17 @@ from .cascade import CascadeMode
 from .gate import Gate, TokenSignals, signals_of
 from .plain import PlainMode
 from .token import TokenCollab, TokenMode
-from .verified import VerifiedCollab, VerifiedMode
+from .verified import CheckedMode, DraftAndCheck, VerifiedMode, can_score
 
-#: The mode ``collab="auto"`` runs for an answer the edge can start.
-AUTO_MODE = TokenMode.name
+#: The mode ``collab="auto"`` runs for an answer the edge starts, when the edge drafts token ids
+#: and the cloud scores them (llama.cpp on the device, ``edgecloud serve`` or vLLM in the cloud).
+AUTO_MODE = CheckedMode.name
+#: What ``auto`` runs where token ids cannot be shared (a redacted conversation, a cloud that only
+#: chats): the cloud writes text spans where the edge is unsure.
+TEXT_MODE = TokenMode.name
 
 __all__ = [
-    "AUTO_MODE", "MODES", "AnswerRun", "CascadeMode", "Gate", "Mode", "PlainMode", "SharedAnswer", "TokenCollab",
-    "TokenMode", "TokenSignals", "VerifiedCollab", "VerifiedMode", "register_mode", "signals_of",
+    "AUTO_MODE", "MODES", "TEXT_MODE", "AnswerRun", "CascadeMode", "CheckedMode", "DraftAndCheck", "Gate", "Mode",
+    "PlainMode", "SharedAnswer", "TokenCollab", "TokenMode", "TokenSignals", "VerifiedMode", "register_mode",
+    "can_score", "signals_of",
 ]

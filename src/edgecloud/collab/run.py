@@ -62,6 +62,8 @@ class AnswerRun:
     mid_stream: bool = True
     #: The cascade's check of a finished edge answer (None: the packaged one).
     confidence: ConfidenceCheck | None = None
+    #: Whether ``collab="auto"`` chose the mode (a mode that turns out not to fit then steps aside).
+    auto: bool = False
 
     @property
     def edge(self) -> Attempt | None:

@@ -1,40 +1,55 @@
-"""Verified mode: the edge drafts, the cloud checks each draft in one forward pass.
+"""Verified and checked mode: the edge drafts token ids, the cloud checks them in one forward pass per round.
 
-This module owns :class:`VerifiedCollab`: speculative decoding with the draft model on the
-device and the target model behind an HTTP endpoint. Each round the edge drafts up to ``k``
-greedy tokens; the cloud scores prompt + answer + draft in one request
-(:meth:`~edgecloud.remote.client.CloudBackend.score`: ``/v1/completions`` with ``echo`` and
-``logprobs``); the longest prefix of the draft the cloud would have written itself is kept,
-plus the cloud's own next token (its correction at the first disagreement, or one more token
-when it agreed with all of them). So the answer is the cloud's greedy answer, token for token,
-while the cloud runs one forward pass per round instead of one per token.
+This module owns :class:`DraftAndCheck`, one answer in which the device drafts and the cloud
+verifies, and its two modes:
 
-``k`` adapts per answer: acceptance is tracked with the speculative engine's estimator
-(:class:`~edgecloud.runtime.speculative.Acceptance`) and ``k`` maximises expected
-tokens per second from the measured cost of a draft token and of a cloud round.
+* ``verified`` - speculative decoding with the draft model on the device and the target behind
+  an HTTP endpoint: every token is drafted in blocks of ``k`` and checked. The cloud scores
+  the block in one request (:meth:`~edgecloud.remote.client.CloudBackend.score_in`:
+  ``/v1/completions`` with ``echo`` and ``logprobs``); the longest prefix of the block the cloud
+  would have written itself is kept, plus the cloud's own next token (its correction at the
+  first disagreement, or one more token when it agreed with all of them). The answer is the
+  cloud's greedy answer, token for token, at one cloud forward pass per round.
+* ``checked`` - the edge writes while it is sure of its next token (its probability of its own
+  greedy choice is at least ``trust``), streaming at once; at the first token it is unsure of,
+  it drafts a block from there and the cloud checks the block as above. The cloud is called only
+  where the edge hesitates, and each call keeps the cloud's choice exactly there. A call budget
+  (``max_calls``) bounds the round trips of one answer: once spent, the edge writes alone.
 
-Needs an edge runtime that drafts token ids (the llama.cpp backend) and edge and cloud models
-that share a tokenizer (one model family); anything else is a
-:class:`~edgecloud.errors.ConfigError` at the first request. Sampling parameters are ignored:
-verified mode is greedy by definition. A cloud that fails mid-answer leaves the edge to
-finish alone (``route.fallbacks`` says so); an edge that fails hands the rest to the cloud.
+Each answer is a token session on the cloud (:class:`~edgecloud.remote.session.TokenSession`):
+the first round sends the prompt, later rounds only the tokens the cloud has not seen (what the
+edge wrote since, and the new block), so the cloud is paid for each token once; a server that
+lost the session gets the whole context again (slower, same answer). ``k`` adapts per answer
+(:class:`~edgecloud.runtime.speculative.Acceptance` and :func:`~edgecloud.runtime.speculative.best_k`
+over the measured cost of a drafted token and of a round).
+
+Needs an edge runtime that drafts token ids (:class:`~edgecloud.backend.Drafter`: the llama.cpp
+backend) and edge and cloud models that share a tokenizer; anything else is a
+:class:`~edgecloud.errors.ConfigError`. Sampling parameters are ignored: both modes are greedy.
+A cloud that fails mid-answer leaves the edge to finish alone (``route.fallbacks`` says so); an
+edge that fails hands the rest to the cloud.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
 
 from ..answer import Part
-from ..backend import Drafter, Verifier
-from ..errors import ConfigError
+from ..backend import Backend, Drafter, Verifier, close_stream
+from ..errors import ConfigError, ScoringUnsupportedError
 from ..fallback import Attempt
+from ..observability.cost import forward_passes
+from ..runtime.scoring import TokenSession
 from ..runtime.speculative import Acceptance, accept_prefix, best_k
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
 from .run import AnswerRun, SharedAnswer, SharedMode, register_mode
 
-__all__ = ["VerifiedCollab", "VerifiedMode", "choose_k"]
+__all__ = ["CheckedMode", "DraftAndCheck", "VerifiedMode", "can_score", "choose_k"]
+
+T = TypeVar("T")
 
 #: Acceptance assumed before the first round (a same-family draft agrees most of the time).
 PRIOR_ACCEPTANCE = 0.7
@@ -43,6 +58,14 @@ PRIOR_ACCEPTANCE = 0.7
 VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京"
 #: (edge, cloud URL, cloud model) pairs whose vocabularies were found to agree.
 _SAME_VOCAB: set[tuple[int, str, str]] = set()
+#: (cloud URL, cloud model) of endpoints found not to score continuations.
+_CANNOT_SCORE: set[tuple[str, str]] = set()
+
+
+def can_score(backend: Backend) -> bool:
+    """Whether ``backend`` may check drafts: it scores continuations (:class:`~edgecloud.backend.Verifier`)
+    and has not refused to (an OpenAI-compatible server without ``echo`` + ``logprobs``)."""
+    return isinstance(backend, Verifier) and (str(backend.base_url), backend.model_name) not in _CANNOT_SCORE
 
 
 def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
@@ -51,80 +74,158 @@ def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
     return best_k(alpha, k_max, fixed=round_s, per_token=draft_s)[0]
 
 
-class VerifiedCollab(SharedAnswer):
-    """One answer in verified mode (see the module docstring)."""
+class _EdgeFailed(Exception):
+    """The edge runtime failed mid-answer (``error``): the cloud finishes the answer."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _on_edge(call: Callable[..., T], *args: Any) -> T:
+    try:
+        return call(*args)
+    except Exception as exc:  # noqa: BLE001 - the edge's own failure, handed to the failover
+        raise _EdgeFailed(exc) from exc
+
+
+def _edge_stream(tokens: Iterator[tuple[int, float]]) -> Iterator[tuple[int, float]]:
+    try:
+        yield from tokens
+    except Exception as exc:  # noqa: BLE001 - the edge's own failure, handed to the failover
+        raise _EdgeFailed(exc) from exc
+
+
+class DraftAndCheck(SharedAnswer):
+    """One answer the edge drafts and the cloud checks (see the module docstring); ``trust`` None:
+    every token is checked (verified mode)."""
 
     mode = "verified"
+    trust: float | None = None
 
     def __init__(self, run: AnswerRun) -> None:
         super().__init__(run)
         if not isinstance(self.edge, Drafter):
-            raise ConfigError(f"collab='verified' needs an edge runtime that drafts token ids (llama.cpp); "
+            raise ConfigError(f"collab={self.mode!r} needs an edge runtime that drafts token ids (llama.cpp); "
                               f"{self.edge.name} does not: use collab='token' or edge_runtime='llamacpp'")
         self.drafter: Drafter = self.edge
         for attempt in self.clouds:
             if not isinstance(attempt.backend, Verifier):
-                raise ConfigError(f"collab='verified' needs a cloud client that scores continuations; "
+                raise ConfigError(f"collab={self.mode!r} needs a cloud client that scores continuations; "
                                   f"{attempt.backend.name} does not: use collab='token'")
+        self.max_calls = run.settings.max_calls
+        self.draft_min = run.settings.draft_min
+        self.session = TokenSession()
+        self.text = ""
+        self._stream = TextStream(self.request.stop_sequences)
+        self.finish: FinishReason | None = None
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
-        edge = self.drafter
-        prompt = edge.tokenize_chat(self.request.message_dicts())
         if self.request.continue_final_message:
-            raise ConfigError("collab='verified' starts answers; to continue a partial answer use collab='token'")
+            raise ConfigError(f"collab={self.mode!r} starts answers; to continue a partial answer use collab='token'")
+        try:
+            yield from self._answer()
+        except _EdgeFailed as failed:  # the cloud writes the rest, through the one failover
+            yield from self.cloud_finishes(failed.error)
+
+    def _answer(self) -> Iterator[ChatCompletionChunk]:
+        edge = self.drafter
+        prompt = _on_edge(edge.tokenize_chat, self.request.message_dicts())
         self.recorder.prompt_tokens = len(prompt)
-        room = (edge.n_ctx or 0) - len(prompt) - 1
+        room = (self.edge.n_ctx or 0) - len(prompt) - 1
         budget = min(self.request.max_tokens or room, room)
-        text = TextStream(self.request.stop_sequences)
         ids: list[int] = []
         acceptance = Acceptance(PRIOR_ACCEPTANCE)
         draft_s, round_s = 0.02, 0.1  # replaced by measurements after the first round
-        k = min(self.settings.draft_max, 4)
+        k = max(self.draft_min, min(self.settings.draft_max, 4))
         edge_part = self.recorder.part("edge", self.edge.name)
         cloud_part = self.recorder.part("cloud", "cloud")
-        finish: FinishReason = "length"
-        while len(ids) < budget:
-            k = max(1, min(k, budget - len(ids)))
+        while len(ids) < budget and self.finish is None:
             started = time.perf_counter()
-            draft = edge.draft(prompt + ids, k)
+            block: list[int] = []
+            if self.trust is not None:  # the edge writes on while it is sure
+                yield from self._sure_run(prompt, ids, budget, edge_part, block)
+                if self.finish is not None or len(ids) >= budget or not block:
+                    break
+            k = max(1, min(k, budget - len(ids)))
+            if len(block) < k and not (block and edge.is_end(block[-1])):
+                block += _on_edge(edge.draft, prompt + ids + block, k - len(block))
             edge_s = time.perf_counter() - started
             edge_part.seconds += edge_s
-            attempt = self.cloud_attempt()
-            if attempt is None:
-                kept, extra = draft, None  # no cloud to check with: the edge writes alone
-            else:
+            attempt = self.cloud_attempt() if self._calls_left() else None
+            kept, extra = block, None  # no cloud to check with: the edge writes alone
+            if attempt is not None:
                 cloud_part.backend = attempt.backend.name
-                self._same_vocabulary(edge, attempt)
-                checked = self._check(attempt, prompt + ids, draft, cloud_part)
-                if checked is None:
-                    kept, extra = draft, None
-                else:
+                checked = self._checked(edge, attempt, prompt + ids, block, cloud_part)
+                if checked is not None:
                     kept, extra = checked
-                    acceptance.observe(len(draft), len(kept))
-                    draft_s = 0.7 * draft_s + 0.3 * edge_s / max(1, len(draft))
+                    acceptance.observe(len(block), len(kept))
+                    draft_s = 0.7 * draft_s + 0.3 * edge_s / max(1, len(block))
                     round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - started - edge_s)
-            for side, token in [*(("edge", t) for t in kept), *((("cloud", extra),) if extra is not None else ())]:
-                ids.append(token)
-                if edge.is_end(token):
-                    finish = "stop"
+                self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
+            written = [*(("edge", t) for t in kept), *((("cloud", extra),) if extra is not None else ())]
+            for side, token in written:
+                yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)  # type: ignore[arg-type]
+                if self.finish is not None or len(ids) >= budget:
                     break
-                self.recorder.wrote(side, 1)  # type: ignore[arg-type]
-                part = edge_part if side == "edge" else cloud_part
-                part.completion_tokens += 1
-                yield from self.emit(side, text.push(edge.token_bytes(token)),
-                                     backend=self.edge.name if side == "edge" else cloud_part.backend)
-                if text.stopped:
-                    finish = "stop"
-                    break
-                if len(ids) >= budget:
-                    break
-            if finish == "stop":
-                break
-            k = choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max)
-        yield from self.emit("edge", text.flush())
-        rounds = self.recorder.cloud_calls
-        self.recorder.note("verified_rounds", f"verified by the cloud in {rounds} rounds", rounds)
-        yield from self.final(finish)
+            k = max(self.draft_min, choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max))
+        yield from self.emit("edge", self._stream.flush())
+        calls = self.recorder.cloud_calls
+        self.recorder.note("verified_rounds", f"checked by the cloud in {calls} rounds", calls)
+        yield from self.final(self.finish or "length")
+
+    def _checked(self, edge: Drafter, attempt: Attempt, tokens: list[int], block: list[int], part: Part
+                 ) -> tuple[list[int], int] | None:
+        """:meth:`_check`, after the vocabulary check; under ``collab="auto"`` an endpoint that cannot
+        score is remembered (later answers share by text spans) and this answer goes on on the edge."""
+        try:
+            self._same_vocabulary(edge, attempt)
+            return self._check(attempt, tokens, block, part)
+        except ScoringUnsupportedError:
+            if not self.run.auto:
+                raise
+            _CANNOT_SCORE.add((str(attempt.backend.base_url), attempt.backend.model_name))
+            self.clouds = [a for a in self.clouds if a is not attempt]
+            self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} cannot score continuations: "
+                                              "the edge writes on alone; later answers share by text spans")
+            return None
+
+    def _calls_left(self) -> bool:
+        return self.max_calls is None or self.recorder.cloud_calls < self.max_calls
+
+    def _sure_run(self, prompt: list[int], ids: list[int], budget: int, part: Part,
+                  block: list[int]) -> Iterator[ChatCompletionChunk]:
+        """Stream the edge's tokens while it is sure of each (or nothing is left to check with);
+        the first it is unsure of goes into ``block`` (to be drafted on from and checked)."""
+        assert self.trust is not None
+        edge = self.drafter
+        tokens = _edge_stream(edge.greedy(prompt + ids, budget - len(ids)))
+        try:
+            for token, p in tokens:
+                if p < self.trust and self._calls_left() and any(a.breaker.available() for a in self.clouds):
+                    block.append(token)
+                    return
+                yield from self._write("edge", token, ids, part, budget)
+                if self.finish is not None:
+                    return
+        finally:
+            close_stream(tokens)
+
+    def _write(self, side: str, token: int, ids: list[int], part: Part, budget: int
+               ) -> Iterator[ChatCompletionChunk]:
+        """One answer token, written by ``side``: to the caller unless it ends the answer."""
+        ids.append(token)
+        edge = self.drafter
+        if edge.is_end(token):
+            self.finish = "stop"
+            return
+        self.recorder.wrote(side, 1)  # type: ignore[arg-type]
+        if side == "edge":
+            part.completion_tokens += 1  # the cloud's part counts the tokens it was billed for (one a round)
+        backend = self.edge.name if side == "edge" else part.backend
+        yield from self.emit(side, self._stream.push(edge.token_bytes(token)), backend=backend)
+        if self._stream.stopped:
+            self.finish = "stop"
 
     def _same_vocabulary(self, edge: Drafter, attempt: Attempt) -> None:
         """Refuse a cloud whose tokenizer names the probe's tokens differently (checked once per pair)."""
@@ -160,13 +261,17 @@ class VerifiedCollab(SharedAnswer):
         verifier = attempt.backend
         assert isinstance(verifier, Verifier)  # checked when the answer started
         try:
-            scores, nxt = verifier.score(tokens + draft, start=len(tokens), top_n=1)
+            scored = verifier.score_in(self.session, tokens + draft, start=len(tokens), top_n=1)
+            scores, nxt = scored.scores, scored.next
         except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
             self.cloud_failed(attempt, exc, "verification")
             self.span_done("failed", 0, time.perf_counter() - started)
             return None
         attempt.breaker.success()
-        part.prompt_tokens += len(tokens) + len(draft)
+        part.prompt_tokens += scored.sent
+        part.cached_tokens += scored.cached
+        part.completion_tokens += 1  # the round's greedy next token, generated and billed
+        part.passes += forward_passes(scored.sent - scored.cached, 1)
         part.seconds += time.perf_counter() - started
         kept = accept_prefix(draft, [s.argmax for s in scores])
         extra = scores[kept].argmax if kept < len(draft) else nxt.token
@@ -174,11 +279,31 @@ class VerifiedCollab(SharedAnswer):
         return draft[:kept], extra
 
 
+class CheckedAnswer(DraftAndCheck):
+    """One answer in checked mode: the edge writes while sure, the cloud checks where it is not."""
+
+    mode = "checked"
+
+    def __init__(self, run: AnswerRun) -> None:
+        super().__init__(run)
+        self.trust = run.settings.trust
+
+
 @register_mode
 class VerifiedMode(SharedMode):
-    """Verified mode (see the module docstring)."""
+    """Verified mode: every token checked (see the module docstring)."""
 
     name = "verified"
     can_redact = False
-    describe = "the edge writes, the cloud verifies its drafts"
-    answer = VerifiedCollab
+    describe = "the edge drafts, the cloud verifies every draft (its greedy answer, token for token)"
+    answer = DraftAndCheck
+
+
+@register_mode
+class CheckedMode(SharedMode):
+    """Checked mode: the cloud checks where the edge is unsure (see the module docstring)."""
+
+    name = "checked"
+    can_redact = False
+    describe = "the edge writes, the cloud checks the tokens the edge is unsure of"
+    answer = CheckedAnswer

@@ -31,6 +31,7 @@ are not thread-safe); a second caller waits for the first stream to finish or be
 from __future__ import annotations
 
 import ctypes
+import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -436,17 +437,22 @@ class LlamaCppBackend(TemplatedBackend):
             self._ensure_loaded()
             return self._tokenize(text)
 
+    def _loaded_vocab(self) -> Any:
+        """The vocabulary, loading the model first if need be. Reading it needs no lock (it never
+        changes once loaded), so a caller may ask while it holds an open :meth:`greedy` stream."""
+        if self._llm is None:
+            with self._serving():
+                self._ensure_loaded()
+        return self._vocab
+
     def token_bytes(self, token: int) -> bytes:
         """The bytes ``token`` stands for in an answer (control tokens as nothing)."""
-        with self._serving():
-            self._ensure_loaded()
-            return self._piece(token)
+        self._loaded_vocab()
+        return self._piece(token)
 
     def is_end(self, token: int) -> bool:
         """Whether ``token`` ends generation (end of turn / end of text)."""
-        with self._serving():
-            self._ensure_loaded()
-            return bool(self._lib.llama_vocab_is_eog(self._vocab, token))
+        return bool(self._lib.llama_vocab_is_eog(self._loaded_vocab(), token))
 
     def draft(self, tokens: list[int], k: int) -> list[int]:
         """The next ``k`` greedy tokens after ``tokens`` (fewer when one ends generation; it is
@@ -454,19 +460,34 @@ class LlamaCppBackend(TemplatedBackend):
         prefix with them evaluates only what is new."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
+        out: list[int] = []
+        for token, _ in self.greedy(tokens, k):
+            out.append(token)
+            if len(out) >= k:
+                break
+        return out
+
+    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
+        """The greedy continuation of ``tokens``, one ``(token, probability)`` at a time (the model's
+        probability of its own choice: how sure it is), at most ``limit`` tokens and ending with
+        an end-of-generation token when one comes. The runtime is held while the iterator is
+        open; the context keeps what was decoded, so a later call sharing the prefix evaluates
+        only what is new."""
+        if limit < 1:
+            raise ConfigError(f"limit must be >= 1, got {limit}")
         with self._serving():
             llm = self._ensure_loaded()
-            check_token_ids(tokens, self._n_vocab, self.n_ctx - k)
+            check_token_ids(tokens, self._n_vocab, self.n_ctx - 1)
             self._started += 1
             self._prefill(tokens)
-            out: list[int] = []
             ctx, lib, n_vocab = llm.ctx, self._lib, self._n_vocab
-            while True:
+            room = min(limit, self.n_ctx - len(tokens))
+            for n in range(1, room + 1):
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
                 token = int(logits.argmax())
-                out.append(token)
-                if len(out) >= k or lib.llama_vocab_is_eog(self._vocab, token):
-                    return out
+                yield token, math.exp(float(logits[token]) - log_partition(logits))
+                if n == room or lib.llama_vocab_is_eog(self._vocab, token):
+                    return
                 llm.eval([token])
 
     def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:

@@ -17,6 +17,11 @@ name                                       kind       meaning
 ``edgecloud:prefix_cache_queries_total``   counter    prompt tokens looked up in the prefix cache
 ``edgecloud:prefix_cache_hits_total``      counter    of those, tokens whose KV was reused
 ``edgecloud:request_success_total``        counter    finished requests, by ``finished_reason``
+``edgecloud:forward_passes_total``         counter    forward passes of the model (decode steps,
+                                                      prefill chunks, scoring passes): the
+                                                      self-hosted cost of what was served
+``edgecloud:session_context_tokens_total`` counter    context tokens token sessions held, so
+                                                      requests did not send them again
 ``edgecloud:engine_failures_total``        counter    engine failures, by ``scope``: ``sequence``
                                                       (one request failed, the rest went on),
                                                       ``step`` (a forward pass failed its batch),
@@ -89,6 +94,14 @@ class ServerMetrics:
         self.success = Counter(
             PREFIX + "request_success", "Finished requests.", [*labels, "finished_reason"], registry=r
         )
+        self.forward_passes = Counter(
+            PREFIX + "forward_passes", "Forward passes of the model (decode steps, prefill chunks, scoring).", labels,
+            registry=r,
+        )
+        self.session_context = Counter(
+            PREFIX + "session_context_tokens", "Context tokens token sessions held (not sent again).", labels,
+            registry=r,
+        )
         spec = [*labels, "proposer"]
         self.spec_drafts = Counter(PREFIX + "spec_decode_num_drafts", "Draft verifications.", spec, registry=r)
         self.spec_draft_tokens = Counter(PREFIX + "spec_decode_num_draft_tokens", "Draft tokens proposed.", spec, registry=r)
@@ -108,7 +121,8 @@ class ServerMetrics:
             PREFIX + "engine_failures", "Engine failures by scope (sequence, step, scheduler).", [*labels, "scope"],
             registry=r,
         )
-        for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.prefix_queries, self.prefix_hits):
+        for metric in (self.running, self.waiting, self.prompt_tokens, self.generation_tokens, self.prefix_queries,
+                       self.prefix_hits, self.forward_passes, self.session_context):
             metric.labels(model_name)  # present (at 0) from the start, as scrapers expect
 
     # ------------------------------------------------------------------ hooks (scheduler thread)
@@ -133,6 +147,18 @@ class ServerMetrics:
         """A request ended (``stop``, ``length``, ``cancelled``, ``error``) ``seconds`` after arriving."""
         self.success.labels(self.model_name, reason).inc()
         self.e2e.labels(self.model_name).observe(seconds)
+
+    def on_forward(self, passes: int = 1) -> None:
+        """The engine ran ``passes`` forward passes (one decode step of a batch counts once)."""
+        self.forward_passes.labels(self.model_name).inc(passes)
+
+    def on_scored(self, prompt_tokens: int, context_tokens: int, generated: int, seconds: float) -> None:
+        """A scoring request (``echo`` + ``logprobs``) was answered: ``prompt_tokens`` sent,
+        ``context_tokens`` held by its session, ``generated`` greedy next tokens (0 or 1)."""
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.session_context.labels(self.model_name).inc(context_tokens)
+        self.generation_tokens.labels(self.model_name).inc(generated)
+        self.on_finished("length", seconds)
 
     def on_draft(self, proposer: str, proposed: int, accepted: int) -> None:
         """One verification: ``accepted`` of ``proposed`` draft tokens kept."""

@@ -85,8 +85,10 @@ from ..errors import (
     InvalidRequestError,
     ModelNotFoundError,
     RateLimitedError,
+    ScoringUnsupportedError,
+    SessionExpiredError,
 )
-from ..runtime.scoring import TokenScore
+from ..runtime.scoring import Scored, TokenScore, TokenSession
 from ..types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -185,6 +187,8 @@ def _first_count(patterns: tuple[str, ...], message: str) -> int:
 
 def _translate(status: int, message: str, param: Any, code: Any, said: str, retry_after: float | None) -> EdgeCloudError:
     """One HTTP failure -> the edgecloud error a caller can act on (``said`` is the full message)."""
+    if code == "session_expired":
+        return SessionExpiredError(said)
     if code == "context_length_exceeded" or (status == 400 and "maximum context length" in message.lower()):
         error = ContextOverflowError(_first_count(_PROMPT_COUNT, message), _first_count(_CONTEXT_COUNT, message))
         error.args = (said,)  # the server's words, not a message rebuilt from counts that may be 0
@@ -532,27 +536,46 @@ class CloudBackend(Backend):
         finally:
             response.close()
 
-    def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool) -> dict[str, Any]:
-        """The ``logprobs`` object of one scoring request (see :meth:`score`)."""
+    def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool,
+                 session: TokenSession | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+        """One scoring request (see :meth:`score`): the response's ``logprobs`` object (its arrays
+        aligned with ``tokens`` plus the next token, ``None`` where a position was not sent), and
+        the whole response. In a ``session`` only the tokens the server does not hold are sent."""
         self._reader()  # raises when closed
         url = f"{self.base_url}/completions"
-        body = {"model": self.model, "prompt": tokens, "max_tokens": 1, "temperature": 0, "echo": True,
-                "logprobs": max(1, top_n), "return_tokens_as_token_ids": as_ids, "score_from": start}
+        base = session.base(start) if session is not None else 0
+        body: dict[str, Any] = {"model": self.model, "prompt": tokens[base:], "max_tokens": 1, "temperature": 0,
+                                "echo": True, "logprobs": max(1, top_n), "return_tokens_as_token_ids": as_ids,
+                                "score_from": start}
+        if session is not None:
+            body["session"] = {"id": session.id, "base": base}
         try:
             response = self._post(body, url)
+        except SessionExpiredError:
+            assert session is not None
+            session.lost()
+            return self._scoring(tokens, start, top_n, as_ids, session)
         except (InvalidRequestError, ModelNotFoundError) as exc:
             if isinstance(exc, ContextOverflowError):
                 raise
-            raise ConfigError(f"{url} cannot score a continuation (echo + logprobs on /completions): {exc}; "
-                              "use collab='token', or serve the cloud model with edgecloud serve --engine llamacpp "
-                              "or vLLM") from exc
+            raise ScoringUnsupportedError(
+                f"{url} cannot score a continuation (echo + logprobs on /completions): {exc}; use collab='token', or "
+                "serve the cloud model with edgecloud serve --engine llamacpp or vLLM") from exc
         try:
             try:
-                logprobs = json.loads(response.read())["choices"][0]["logprobs"]
+                answer = json.loads(response.read())
+                logprobs = answer["choices"][0]["logprobs"]
+                held = answer.get("session") if session is not None else None
+                if session is not None:
+                    session.supported = isinstance(held, dict)
+                    session.held = int(held["tokens"]) if isinstance(held, dict) else 0
+                    # a server that holds sessions echoes only what was sent: align with ``tokens``
+                    logprobs = {key: [None] * base + list(logprobs[key]) for key in ("tokens", "token_logprobs",
+                                                                                      "top_logprobs")}
                 if len(logprobs["tokens"]) < len(tokens) + 1 or len(logprobs["top_logprobs"]) < len(tokens) + 1:
                     raise ConfigError(f"{url} did not return the echoed prompt and the greedy next token "
                                       "(max_tokens=1 with echo)")
-                return logprobs  # type: ignore[no-any-return]
+                return logprobs, answer
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise BackendError(f"{url} answered a scoring request without token logprobs",
                                    cause="malformed_stream") from exc
@@ -569,7 +592,13 @@ class CloudBackend(Backend):
         lets ``edgecloud serve`` reuse its prefix cache). Raises
         :class:`~edgecloud.errors.ConfigError` when the endpoint cannot score a continuation.
         """
-        logprobs = self._scoring(tokens, start, top_n, as_ids=True)
+        scored = self.score_in(None, tokens, start=start, top_n=top_n)
+        return scored.scores, scored.next
+
+    def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1) -> Scored:
+        """:meth:`score` in a token ``session``: only what the server does not hold is sent (the
+        whole context when it holds nothing, or lost the session); with what the round cost."""
+        logprobs, answer = self._scoring(tokens, start, top_n, True, session)
         raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
 
         def token_id(name: str) -> int:
@@ -583,13 +612,15 @@ class CloudBackend(Backend):
             top = sorted(((token_id(k), float(v)) for k, v in (raw_tops[i] or {}).items()), key=lambda kv: -kv[1])
             scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0),
                                      top=top[:max(1, top_n)]))
-        return scores[:-1], scores[-1]
+        usage = _usage(answer.get("usage") or {})
+        return Scored(scores[:-1], scores[-1], sent=usage["prompt_tokens"], cached=usage["cached_tokens"],
+                      held=int((answer.get("usage") or {}).get("context_tokens") or 0))
 
     def token_texts(self, tokens: list[int]) -> list[str]:
         """What the endpoint's tokenizer calls each of ``tokens`` (one scoring request that scores
         nothing but the next token): compared with the edge's own, it tells whether two models
         share a vocabulary."""
-        return [str(t) for t in self._scoring(tokens, len(tokens), 1, as_ids=False)["tokens"][: len(tokens)]]
+        return [str(t) for t in self._scoring(tokens, len(tokens), 1, as_ids=False)[0]["tokens"][: len(tokens)]]
 
     def load(self) -> None:
         """Check the endpoint now: ``GET {root}/models`` answers and lists ``model``.

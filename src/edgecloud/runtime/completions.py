@@ -16,6 +16,14 @@ what a verifier needs to check a draft in one forward pass (the verified collabo
 others are ``null``, as the first one always is), so a server with a prefix cache recomputes
 only what is new. Served by backends implementing :class:`ScoringBackend` (the llama.cpp
 runtime); vLLM answers the same request without ``score_from`` (it scores every position).
+
+**Sessions** (edgecloud's extension, token-id prompts only): ``session: {"id", "base"}`` says the
+prompt follows the first ``base`` tokens the server holds for that session
+(:mod:`edgecloud.serving.sessions`), so a collaborating client sends each token once. Then
+``score_from`` indexes the whole context (held + sent), the echoed ``logprobs`` cover only the
+positions this request sent (and the generated token), ``usage.prompt_tokens`` counts only the
+sent tokens, ``usage.context_tokens`` the held ones, and the response's ``session`` says what the
+server holds afterwards.
 """
 
 from __future__ import annotations
@@ -31,6 +39,8 @@ from .scoring import TokenScore
 from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_stop, check_text, now
 
 __all__ = [
+    "SessionInfo",
+    "SessionRef",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
@@ -44,6 +54,23 @@ __all__ = [
 
 #: OpenAI's default ``max_tokens`` for /v1/completions.
 DEFAULT_COMPLETION_TOKENS = 16
+_SESSION_ID = r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}$"
+
+
+class SessionRef(_Validated):
+    """edgecloud's token sessions: the prompt's token ids follow the first ``base`` tokens the
+    server holds for session ``id`` (``base`` 0: the prompt is the whole context; the server
+    starts holding it). See :mod:`edgecloud.serving.sessions`."""
+
+    id: str = Field(pattern=_SESSION_ID)
+    base: int = Field(default=0, ge=0)
+
+
+class SessionInfo(BaseModel):
+    """What the server holds for a session after answering (a response's ``session``)."""
+
+    id: str
+    tokens: int
 
 
 class CompletionRequest(_Validated):
@@ -72,6 +99,8 @@ class CompletionRequest(_Validated):
     user: Text | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens.
     ignore_eos: bool = False
+    #: edgecloud's extension: continue a token session (the prompt must be token ids).
+    session: SessionRef | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -109,6 +138,9 @@ class CompletionRequest(_Validated):
             raise InvalidRequestError("max_tokens=0 only makes sense with echo=true (scoring the prompt)", param="max_tokens")
         if self.score_from is not None and not self.echo:
             raise InvalidRequestError("score_from needs echo=true and logprobs", param="score_from")
+        if self.session is not None and self.token_ids is None:
+            raise InvalidRequestError("a session continues token ids: send the prompt as a list of token ids",
+                                      param="session")
         return self
 
     @property
@@ -159,6 +191,8 @@ class Completion(Envelope):
     choices: list[CompletionChoice]
     usage: Usage | None = None
     route: RouteInfo | None = None
+    #: edgecloud's extension: what the server holds for the request's session afterwards.
+    session: SessionInfo | None = None
 
 
 #: Streamed pieces have the same shape as the whole answer (as OpenAI sends them).
@@ -195,8 +229,12 @@ class ScoringBackend(Protocol):
         ...
 
 
-def scored_completion(backend: ScoringBackend, request: CompletionRequest, model: str) -> Completion:
-    """The answer to a scoring request (``echo`` + ``logprobs``; see the module docstring)."""
+def scored_completion(backend: ScoringBackend, request: CompletionRequest, model: str,
+                      context: list[int] | None = None, held: int = 0) -> Completion:
+    """The answer to a scoring request (``echo`` + ``logprobs``; see the module docstring).
+
+    ``context``: the whole prompt when the request continues a session (``held`` of its tokens
+    were held by the server, not sent): positions before ``held`` are not echoed."""
     if not request.scoring:
         raise InvalidRequestError("echo needs logprobs here (a scoring request); set logprobs=0..20", param="echo")
     if (request.max_tokens or 0) > 1:
@@ -204,7 +242,7 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
                                   param="max_tokens")
     if request.temperature not in (None, 0.0):
         raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0", param="temperature")
-    tokens = request.token_ids
+    tokens = context if context is not None else request.token_ids
     if tokens is None:
         tokens = backend.tokenize_text(request.text)
     start = request.score_from or 1
@@ -224,21 +262,23 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     def name(token: int) -> str:
         return f"token_id:{token}" if as_ids else piece(token).decode("utf-8", errors="replace")
 
-    names = [name(t) for t in echoed]
     token_logprobs: list[float | None] = [None] * start + [s.logprob for s in scores] + [s.logprob for s in generated]
     tops: list[dict[str, float] | None] = [None] * start
     for score in [*scores, *generated]:
         tops.append({name(t): lp for t, lp in score.top})
+    echoed, token_logprobs, tops = echoed[held:], token_logprobs[held:], tops[held:]  # what this request sent
     pieces = [piece(t) for t in echoed]
     offsets, at = [], 0
-    for piece in pieces:
+    for raw in pieces:
         offsets.append(at)
-        at += len(piece.decode("utf-8", errors="replace"))
-    logprobs = CompletionLogprobs(tokens=names, token_logprobs=token_logprobs, top_logprobs=tops, text_offset=offsets)
-    n_out = len(generated)
+        at += len(raw.decode("utf-8", errors="replace"))
+    logprobs = CompletionLogprobs(tokens=[name(t) for t in echoed], token_logprobs=token_logprobs, top_logprobs=tops,
+                                  text_offset=offsets)
+    n_in, n_out = len(tokens) - held, len(generated)
     return Completion(
         id=new_text_completion_id(), created=now(), model=model,
         choices=[CompletionChoice(text=b"".join(pieces).decode("utf-8", errors="replace"), logprobs=logprobs,
                                   finish_reason="length")],
-        usage=Usage(prompt_tokens=len(tokens), completion_tokens=n_out, total_tokens=len(tokens) + n_out),
+        usage=Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out,
+                    context_tokens=held if context is not None else None),
     )

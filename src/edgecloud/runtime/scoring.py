@@ -6,16 +6,25 @@ validated before they reach a runtime). The llama.cpp backend produces scores
 (:meth:`~edgecloud.edge.llamacpp.LlamaCppBackend.score`), ``edgecloud serve`` returns them
 on ``/v1/completions`` with ``echo`` and ``logprobs``, and the verified collaboration mode
 (:mod:`edgecloud.collab.verified`) reads them back through the cloud client.
+
+It also owns the client's half of token sessions: :class:`TokenSession` (what a remote endpoint
+holds of one answer's token ids, so each round sends only what is new: the first round sends
+the whole context with ``session.base`` 0; a server that holds it says so (``session.tokens``);
+each later round sends the tokens after the prefix still valid; a server that lost the session
+answers 409 ``session_expired`` and the round is sent whole again; ``edgecloud serve`` holds
+sessions, other servers get the whole context every round) and :class:`Scored` (a round's scores
+and what it cost). The answer never depends on the session: only what is sent does.
 """
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from ..errors import ContextOverflowError, InvalidRequestError
 
-__all__ = ["TokenScore", "check_token_ids"]
+__all__ = ["Scored", "TokenScore", "TokenSession", "check_token_ids"]
 
 
 @dataclass(frozen=True)
@@ -41,3 +50,43 @@ def check_token_ids(tokens: Sequence[int], n_vocab: int, room: int) -> None:
         raise InvalidRequestError(f"token id {bad} is outside this model's vocabulary (0..{n_vocab - 1})", param="prompt")
     if len(tokens) > room:
         raise ContextOverflowError(len(tokens), room)
+
+
+@dataclass
+class TokenSession:
+    """What a remote endpoint holds of one answer's token ids (see the module docstring)."""
+
+    id: str = field(default_factory=lambda: f"ec-{uuid.uuid4().hex}")
+    #: Tokens the server holds that are still this answer's context (what the next round may skip).
+    held: int = 0
+    #: None until the first answer says; False when the server does not hold sessions.
+    supported: bool | None = None
+    #: Rounds sent whole again because the server had lost the session.
+    resent: int = 0
+
+    def base(self, tokens: int) -> int:
+        """How many of a round's first ``tokens`` need not be sent."""
+        return min(self.held, tokens) if self.supported else 0
+
+    def keep(self, n: int) -> None:
+        """Only the first ``n`` tokens the server holds are still the answer's context (the rest
+        were drafts it rejected); the next round continues after them."""
+        self.held = min(self.held, n)
+
+    def lost(self) -> None:
+        """The server no longer holds the session: the next round is sent whole."""
+        self.held = 0
+        self.resent += 1
+
+
+@dataclass(frozen=True)
+class Scored:
+    """A scoring round: the scores of the scored positions, the greedy next token, and its cost
+    (``sent``: prompt tokens the request carried and was billed for, ``cached`` of them read from
+    the server's prefix cache; ``held``: context the session held, not sent)."""
+
+    scores: list[TokenScore]
+    next: TokenScore
+    sent: int
+    cached: int = 0
+    held: int = 0

@@ -336,6 +336,8 @@ class BatchScheduler(ABC, Generic[S]):
         return max(1.0, round(float(tokens) * self._step_seconds, 1))
 
     def _observe_step(self, seconds: float, rows: int) -> None:
+        if self.metrics is not None:
+            self.metrics.on_forward()
         self.steps += 1
         self.rows += rows
         self._step_seconds = 0.9 * self._step_seconds + 0.1 * seconds

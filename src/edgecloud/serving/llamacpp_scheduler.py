@@ -175,6 +175,8 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             for p in range(first, last):
                 ctx.add(tokens[p], p, slot.index, p == start - 1 or p >= start)
             ctx.decode()
+            if self.metrics is not None:
+                self.metrics.on_forward()
             slot.tokens.extend(tokens[first:last])
             rows += [ctx.logits(row).copy() for row, p in enumerate(range(first, last)) if p >= start - 1]
         # rows[i] holds the logits after position start - 1 + i: they predict tokens[start + i]

@@ -56,19 +56,22 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
 from ..backend import Backend, aclose_stream
-from ..errors import (
-    AuthenticationError,
-    ContextOverflowError,
-    EdgeCloudError,
-    InvalidRequestError,
-    ModelNotFoundError,
-    RateLimitedError,
-)
+from ..errors import (AuthenticationError, ContextOverflowError, EdgeCloudError, InvalidRequestError, ModelNotFoundError,
+                      RateLimitedError, SessionExpiredError)
 from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from ..observability.server_metrics import ServerMetrics
 from ..types import ChatCompletionChunk, ChatRequest, collect_chunks, load_json, now
-from ..runtime.completions import Completion, CompletionRequest, CompletionsBackend, ScoringBackend, scored_completion
+from ..runtime.completions import (
+    Completion,
+    CompletionRequest,
+    CompletionsBackend,
+    ScoringBackend,
+    SessionInfo,
+    SessionRef,
+    scored_completion,
+)
 from .openapi import openapi_document
+from .sessions import SessionStore
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
 
@@ -84,18 +87,16 @@ class _BodyTooLarge(EdgeCloudError):
     error_type = "invalid_request_error"
 
 
+#: The OpenAI error ``code`` of each error class (the first that matches).
+_ERROR_CODES: tuple[tuple[type[EdgeCloudError], str], ...] = (
+    (ContextOverflowError, "context_length_exceeded"), (SessionExpiredError, "session_expired"),
+    (AuthenticationError, "invalid_api_key"), (RateLimitedError, "rate_limit_exceeded"),
+    (ModelNotFoundError, "model_not_found"), (_BodyTooLarge, "request_too_large"),
+)
+
+
 def _error_code(exc: BaseException) -> str | None:
-    if isinstance(exc, ContextOverflowError):
-        return "context_length_exceeded"
-    if isinstance(exc, AuthenticationError):
-        return "invalid_api_key"
-    if isinstance(exc, RateLimitedError):
-        return "rate_limit_exceeded"
-    if isinstance(exc, ModelNotFoundError):
-        return "model_not_found"
-    if isinstance(exc, _BodyTooLarge):
-        return "request_too_large"
-    return None
+    return next((code for kind, code in _ERROR_CODES if isinstance(exc, kind)), None)
 
 
 def _error_body(exc: BaseException) -> dict[str, Any]:
@@ -194,8 +195,12 @@ def create_app(
     model_name: str,
     api_key: str | None = None,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    sessions: SessionStore | None = None,
 ) -> FastAPI:
     """An OpenAI-compatible app serving ``backend`` under the name ``model_name``.
+
+    ``sessions`` holds the token sessions of ``/v1/completions`` (see
+    :mod:`edgecloud.serving.sessions`; default: a store of its default size).
 
     With ``api_key`` set, every ``/v1`` route needs ``Authorization: Bearer <api_key>``
     (compared in constant time); ``/health`` and ``/metrics`` stay open for load balancers
@@ -210,6 +215,7 @@ def create_app(
     metrics: ServerMetrics = engine_metrics if isinstance(engine_metrics, ServerMetrics) else ServerMetrics(model_name)
     observe = metrics is not engine_metrics  # the server measures requests itself
     in_flight = [0]
+    sessions = sessions if sessions is not None else SessionStore()
 
     def check_key(request: Request) -> None:
         if expected_key is None:
@@ -284,6 +290,8 @@ def create_app(
             check_key(request)
             body = CompletionRequest.parse(await _read_json(request, max_body_bytes))
             check_model(body.model)
+            ref = body.session
+            context = sessions.resolve(ref, body.token_ids or []) if ref is not None else None
             if body.echo or body.logprobs is not None:
                 if not isinstance(backend, ScoringBackend):
                     raise InvalidRequestError(
@@ -292,19 +300,44 @@ def create_app(
                 if body.stream:
                     raise InvalidRequestError("a scoring request (echo + logprobs) is answered whole; set stream=false",
                                               param="stream")
-                scored = await asyncio.to_thread(scored_completion, backend, body, model_name)
+                started = time.perf_counter()
+                scored = await asyncio.to_thread(scored_completion, backend, body, model_name, context,
+                                                 ref.base if ref is not None else 0)
+                usage = scored.usage
+                assert usage is not None
+                metrics.on_scored(usage.prompt_tokens, usage.context_tokens or 0, usage.completion_tokens,
+                                  time.perf_counter() - started)
+                if ref is not None and context is not None:
+                    sessions.hold(ref.id, context)
+                    scored.session = SessionInfo(id=ref.id, tokens=len(context))
                 return Response(scored.model_dump_json(), media_type="application/json")
             if not isinstance(backend, CompletionsBackend):
                 raise InvalidRequestError(
                     f"/v1/completions is not served by the {backend.name} runtime; use /v1/chat/completions "
                     "or serve with the torch engine (edgecloud serve --runtime torch)"
                 )
-            chunks = _observed(backend.astream_completion(body))
+            if ref is not None and context is not None:
+                body = body.model_copy(update={"prompt": context, "session": None})
+                sessions.hold(ref.id, context)
+            chunks = _observed(_in_session(backend.astream_completion(body), ref))
             if not body.stream:
                 return Response((await _collect_text(chunks)).model_dump_json(), media_type="application/json")
             return await _start_stream(chunks, body.stream_options)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
             return error_response(exc)
+
+    async def _in_session(chunks: AsyncIterator[Completion], ref: SessionRef | None) -> AsyncIterator[Completion]:
+        """A session's generation: usage counts only the tokens sent (the held ones as context)."""
+        try:
+            async for chunk in chunks:
+                if ref is not None and chunk.usage is not None:
+                    held = min(ref.base, chunk.usage.prompt_tokens)
+                    chunk.usage = chunk.usage.model_copy(update={
+                        "prompt_tokens": chunk.usage.prompt_tokens - held, "context_tokens": held,
+                        "total_tokens": chunk.usage.total_tokens - held})
+                yield chunk
+        finally:
+            await aclose_stream(chunks)
 
     async def _observed(chunks: AsyncIterator[Any]) -> AsyncIterator[Any]:
         """``chunks``, with server-side metrics when the backend keeps none."""

