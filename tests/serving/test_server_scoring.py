@@ -113,12 +113,23 @@ def test_bad_scoring_requests_are_400s_naming_the_field(scoring_server: tuple[st
     assert response.json()["error"]["param"] == param
 
 
-def test_an_engine_that_cannot_score_says_so(smollm2_path: Path) -> None:
+def test_the_torch_engine_scores_too(smollm2_path: Path) -> None:
+    """Scoring (and so checked and verified mode) on the torch engine: the greedy next token it
+    returns is the one it decodes, and a session round continues the held context."""
     pytest.importorskip("torch")
-    with serving("torch", smollm2_path, n_ctx=256, api_key=KEY) as (url, _):
-        with pytest.raises(openai.BadRequestError) as info:
-            api(url).completions.create(model="m", prompt="hi", echo=True, logprobs=1, max_tokens=1)
-    assert "llamacpp" in str(info.value) and info.value.body["param"] == "echo"
+    with serving("torch", smollm2_path, n_ctx=256, api_key=KEY) as (url, backend):
+        ids = backend.tokenize_text(TEXT)
+        scored = api(url).completions.create(model="m", prompt=ids, echo=True, logprobs=2, max_tokens=1,
+                                             temperature=0, extra_body={"return_tokens_as_token_ids": True})
+        decoded = api(url).completions.create(model="m", prompt=TEXT, max_tokens=1, temperature=0)
+        held = _post(url, {"prompt": ids[:-2], "session": {"id": "torch-1"}}).json()
+        later = _post(url, {"prompt": ids[-2:], "session": {"id": "torch-1", "base": len(ids) - 2}}).json()
+    lp = scored.choices[0].logprobs
+    assert len(lp.tokens) == len(ids) + 1 and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
+    nxt = int(lp.tokens[-1].split(":")[1])
+    assert backend.token_bytes(nxt).decode() == decoded.choices[0].text
+    assert held["session"]["tokens"] == len(ids) - 2 and later["usage"]["prompt_tokens"] == 2
+    assert later["choices"][0]["logprobs"]["tokens"][-1] == lp.tokens[-1]
 
 
 def _metric(url: str, name: str) -> float:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from ..config import Prices
@@ -177,27 +176,18 @@ class CostModel:
         )
 
 
-@dataclass
-class _Sums:
-    requests: int = 0
-    edge_requests: int = 0
-    cloud_requests: int = 0
-    fallbacks: int = 0
-    cost_usd: float = 0.0
-    cloud_equivalent_usd: float = 0.0
-    saved_usd: float = 0.0
-    edge_seconds: float = 0.0
-    cloud_input_tokens: int = 0
-    cloud_cached_tokens: int = 0
-    cloud_output_tokens: int = 0
-    cloud_calls: int = 0
-    cloud_passes: int = 0
-    all_cloud_input_tokens: int = 0
-    all_cloud_output_tokens: int = 0
-    all_cloud_passes: int = 0
-    #: Answer tokens written by each side (collaborative answers split; others by where they ran).
-    edge_answer_tokens: int = 0
-    cloud_answer_tokens: int = 0
+#: The fields of :class:`~edgecloud.types.CostInfo` that add up over requests (the ratios do not).
+_SUMMED = ("usd", "cloud_equivalent_usd", "saved_usd", "edge_seconds", "cloud_input_tokens", "cloud_cached_tokens",
+           "cloud_output_tokens", "cloud_calls", "cloud_passes", "all_cloud_input_tokens", "all_cloud_output_tokens",
+           "all_cloud_passes")
+#: Names the totals use for the money fields (``cost_usd`` rather than ``usd``).
+_RENAMED = {"usd": "cost_usd"}
+
+
+def _empty() -> dict[str, float]:
+    counts = dict.fromkeys(("requests", "edge_requests", "cloud_requests", "fallbacks", "edge_answer_tokens",
+                            "cloud_answer_tokens"), 0)
+    return {**counts, **{_RENAMED.get(k, k): 0 for k in _SUMMED}}
 
 
 class CostTotals:
@@ -205,41 +195,29 @@ class CostTotals:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._sums = _Sums()
+        self._sums = _empty()
 
     def add(self, cost: CostInfo, target: str, fallbacks: int = 0, tokens: dict[str, int] | None = None) -> None:
         """Count one finished request that ended on ``target`` after ``fallbacks`` switches;
         ``tokens``: answer tokens each side wrote (``route.tokens``)."""
         _check_target(target)
+        values = cost.model_dump(include=set(_SUMMED))
         with self._lock:
             s = self._sums
-            s.requests += 1
-            if target == "edge":
-                s.edge_requests += 1
-            else:
-                s.cloud_requests += 1
-            s.fallbacks += fallbacks
-            s.cost_usd += cost.usd
-            s.cloud_equivalent_usd += cost.cloud_equivalent_usd
-            s.saved_usd += cost.saved_usd
-            s.edge_seconds += cost.edge_seconds
-            s.cloud_input_tokens += cost.cloud_input_tokens
-            s.cloud_cached_tokens += cost.cloud_cached_tokens
-            s.cloud_output_tokens += cost.cloud_output_tokens
-            s.cloud_calls += cost.cloud_calls
-            s.cloud_passes += cost.cloud_passes
-            s.all_cloud_passes += cost.all_cloud_passes
-            s.all_cloud_input_tokens += cost.all_cloud_input_tokens
-            s.all_cloud_output_tokens += cost.all_cloud_output_tokens
+            s["requests"] += 1
+            s["edge_requests" if target == "edge" else "cloud_requests"] += 1
+            s["fallbacks"] += fallbacks
+            for name, value in values.items():
+                s[_RENAMED.get(name, name)] += value
             if tokens:
-                s.edge_answer_tokens += tokens.get("edge", 0)
-                s.cloud_answer_tokens += tokens.get("cloud", 0)
+                s["edge_answer_tokens"] += tokens.get("edge", 0)
+                s["cloud_answer_tokens"] += tokens.get("cloud", 0)
 
     def snapshot(self) -> dict[str, Any]:
         """The sums so far, plus ``saved_pct`` (saving as a percentage of the cloud equivalent),
         ``cost_vs_all_cloud`` and ``passes_vs_all_cloud`` (against the same answers all-cloud)."""
         with self._lock:
-            out: dict[str, Any] = asdict(self._sums)
+            out: dict[str, Any] = dict(self._sums)
         for key in ("cost_usd", "cloud_equivalent_usd", "saved_usd"):
             out[key] = _usd(out[key])
         equivalent = out["cloud_equivalent_usd"]
@@ -253,4 +231,4 @@ class CostTotals:
     def reset(self) -> None:
         """Start counting from zero."""
         with self._lock:
-            self._sums = _Sums()
+            self._sums = _empty()

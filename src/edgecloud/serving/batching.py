@@ -214,6 +214,9 @@ class BatchScheduler(ABC, Generic[S]):
         self.max_queue = max_queue
         self.max_context = max_context
         self.metrics = metrics
+        #: Held while a step runs: out-of-band work on the model (a scoring pass) takes it to run
+        #: between steps, never beside one.
+        self.step_lock = threading.Lock()
         self._waiting: deque[S] = deque()
         self._running: list[S] = []
         self._cond = threading.Condition()
@@ -398,7 +401,8 @@ class BatchScheduler(ABC, Generic[S]):
         if self._running:
             self._outbox = []
             try:
-                self._step()
+                with self.step_lock:
+                    self._step()
             finally:
                 outbox, self._outbox = self._outbox, None
                 self._hand_over(outbox)

@@ -29,7 +29,8 @@ from typing import Any
 
 from ..engine.model import DEFAULT_N_CTX
 from ..store.catalogue import DEFAULT_MODEL
-from ..runtime.chunks import AnswerChunks
+from ..runtime.chunks import AnswerChunks, log_partition, top_tokens
+from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.sampling import check_logit_bias
 from ..errors import BackendUnavailableError, ConfigError
 from ..types import ChatRequest, RouteInfo
@@ -179,6 +180,43 @@ class TorchEngineBackend(BatchedEngineBackend):
         """The prompt tokens this backend evaluates for ``messages``."""
         self.load()
         return self._tokenizer.encode_chat(messages)
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """``text`` as this model's token ids (special tokens parsed, no BOS added)."""
+        self.load()
+        return list(self._tokenizer.encode(text))
+
+    def token_bytes(self, token: int) -> bytes:
+        """The bytes ``token`` stands for in an answer (control tokens as nothing)."""
+        self.load()
+        return bytes(self._tokenizer.token_to_piece(token, special=False))
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """How the model scores ``tokens[start:]`` given what precedes each, and its greedy next token:
+        one forward pass over the sequence (logits kept for the scored rows only), run between the
+        scheduler's steps, so ``/v1/completions`` scoring (checked and verified mode) works on this
+        engine too."""
+        if not 1 <= start <= len(tokens):
+            raise ConfigError(f"start must be in 1..{len(tokens)}, got {start}")
+        scheduler = self.scheduler
+        check_token_ids(tokens, self._tokenizer.vocab_size, self.n_ctx - 1)
+        model = self._transformer
+        import torch
+
+        with scheduler.step_lock, torch.inference_mode():
+            cache = model.new_cache(len(tokens) + 1)
+            ids = torch.tensor(tokens, dtype=torch.long, device=model.device)
+            rows = model.forward_batch([(ids, None, cache)], keep=[len(tokens) - start + 1])[0]
+        if self.metrics is not None:
+            self.metrics.on_forward()
+        logits = rows.float().cpu().numpy()
+        scores = []
+        for i, row in enumerate(logits):  # row i predicts tokens[start + i]; the last, the next token
+            log_z = log_partition(row)
+            token = tokens[start + i] if start + i < len(tokens) else int(row.argmax())
+            scores.append(TokenScore(token=token, logprob=min(0.0, float(row[token]) - log_z),
+                                     top=top_tokens(row, top_n, log_z)))
+        return scores[:-1], scores[-1]
 
     # ------------------------------------------------------------------ requests
 
