@@ -241,6 +241,10 @@ class Hybrid(Backend):
             wanted = MODES[TEXT_MODE]
         if decision.target == "cloud":
             notes.append(("edge_starts", "the edge starts and the cloud writes where it is unsure"))
+        if auto:
+            why = ("the edge drafts token ids and the cloud scores them" if wanted.name == AUTO_MODE else
+                   "token ids cannot be shared here, text can")
+            notes.append(("policy", f"collab=auto chose {wanted.name} mode: {why}"))
         return ModePlan(wanted.name, "edge", notes, auto=auto)
 
     def _auto_mode(self, edge: Backend, decision: RouteDecision) -> str | None:

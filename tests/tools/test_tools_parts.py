@@ -4,6 +4,7 @@ templates without tools, and the call grammar (compiled by real llama.cpp)."""
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
@@ -136,3 +137,39 @@ def test_a_schema_the_grammar_compiler_cannot_handle_is_named_before_decoding() 
     with pytest.raises(InvalidRequestError) as info:
         sampling_params(ChatRequest(messages=ASK, tools=[broken], tool_choice="required"), 16, grammar=True)
     assert info.value.param == "tools[0].function.parameters"
+
+
+@pytest.mark.parametrize("step", [1, 4, 1000])
+def test_a_slipped_doubled_brace_is_still_a_call(step: int) -> None:
+    assert parse('{{"name": "add", "arguments": {"a": 1, "b": 2}}}', step) == ("", [("add", {"a": 1, "b": 2})])
+    assert parse('```json\n{{"name": "add", "arguments": {"a": 1}}\n```', step) == ("", [("add", {"a": 1})])
+    tagged = '<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Oslo"}}}\n</tool_call>'
+    assert parse(tagged, step) == ("", [("get_weather", {"city": "Oslo"})])
+    assert parse("{{not a call}}", step) == ("{{not a call}}", [])
+
+
+def test_nested_models_with_defs_and_refs_compile_per_tool() -> None:
+    """What pydantic writes for nested models (``$defs`` + ``$ref``, lists of models, recursion), in
+    two tools that both name a ``User``: each keeps its own, and the grammar compiles."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from edgecloud.runtime.sampling import sampling_params
+    from edgecloud.runtime.tool_grammar import hoist_definitions
+
+    user = {"type": "object", "properties": {"age": {"type": "integer"}}, "required": ["age"]}
+    team = {"type": "object", "properties": {"name": {"type": "string"},
+                                             "members": {"type": "array", "items": {"$ref": "#/$defs/User"}},
+                                             "sub": {"anyOf": [{"$ref": "#/$defs/Team"}, {"type": "null"}]}}}
+    first = {"type": "function", "function": {"name": "f", "parameters": {
+        "$defs": {"User": user}, "type": "object", "properties": {"u": {"$ref": "#/$defs/User"}}}}}
+    second = {"type": "function", "function": {"name": "g", "parameters": {
+        "definitions": {"User": {"type": "string"}, "Team": team}, "type": "object",
+        "properties": {"t": {"$ref": "#/definitions/Team"}, "owner": {"$ref": "#/definitions/User"}}}}}
+    into: dict[str, Any] = {}
+    moved = hoist_definitions(second["function"]["parameters"], "g_", into)
+    assert "definitions" not in moved and moved["properties"]["t"] == {"$ref": "#/$defs/g_Team"}
+    assert into["g_Team"]["properties"]["members"]["items"] == {"$ref": "#/$defs/g_User"}
+    params = sampling_params(ChatRequest(messages=ASK, tools=[first, second], tool_choice="required"), 16, grammar=True)
+    assert params.grammar is not None
+    rules = {name.replace("_", "-") for name in re.findall(r"tool\d[-_][A-Za-z]+", params.grammar)}
+    assert {"tool0-User", "tool1-Team"} <= rules  # each tool its own definitions
+    llama_cpp.LlamaGrammar.from_string(params.grammar, verbose=False)  # llama.cpp parses it

@@ -10,8 +10,10 @@ where ``N`` is one of the allowed functions and ``A`` matches that function's pa
   is held to the grammar (llama.cpp's lazy grammar, triggered by that text);
 - ``none``: no grammar.
 
-A schema the converter cannot handle is an :class:`~edgecloud.errors.InvalidRequestError` naming
-the tool, before anything is generated.
+A tool's ``$defs`` / ``definitions`` (what pydantic writes for nested models and lists of them)
+are hoisted to the top of the call's schema, namespaced per tool, and its ``$ref``s rewritten
+(:func:`hoist_definitions`). A schema the converter cannot handle is an
+:class:`~edgecloud.errors.InvalidRequestError` naming the tool, before anything is generated.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any
 from ..tools.prompt import CLOSE, OPEN
 from .structured import schema_grammar
 
-__all__ = ["TAG_TRIGGER", "ToolGrammar", "bare_trigger", "tool_grammar"]
+__all__ = ["TAG_TRIGGER", "ToolGrammar", "bare_trigger", "hoist_definitions", "tool_grammar"]
 
 
 @dataclass(frozen=True)
@@ -41,9 +43,10 @@ TAG_TRIGGER = r"[\s\S]*?(" + re.escape(OPEN) + r"[\s\S]*)"
 
 def bare_trigger(names: list[str]) -> str:
     """The answer opens with a JSON object whose first key, "name", is one of ``names``, fenced
-    or not (a model calling a function nobody declared is writing text, and stays free)."""
+    or not, or after a slipped second opening brace (held to the grammar from the real one on;
+    a model calling a function nobody declared is writing text, and stays free)."""
     alternatives = "|".join(re.escape(n) for n in names)
-    return r'\s*(?:```(?:json)?\s*)?(\{\s*"name"\s*:\s*"(?:' + alternatives + r')"[\s\S]*)'
+    return r'\s*(?:```(?:json)?\s*)?\{?\s*(\{\s*"name"\s*:\s*"(?:' + alternatives + r')"[\s\S]*)'
 
 
 def _gbnf(text: str) -> str:
@@ -54,21 +57,54 @@ def _gbnf(text: str) -> str:
 _SPACE = 'space ::= | " " | "\\n" [ \\t]{0,20}'
 
 
+_REF_PREFIXES = ("#/$defs/", "#/definitions/")
+
+
+def hoist_definitions(schema: dict[str, Any], namespace: str, into: dict[str, Any]) -> dict[str, Any]:
+    """``schema`` without its ``$defs`` / ``definitions``: they move into ``into`` under names
+    prefixed with ``namespace`` (so two tools' ``User`` stay apart), and every ``$ref`` to them,
+    nested or recursive, is rewritten to the new place (``#/$defs/<namespace>User``). Pydantic
+    writes nested models this way; once the schema is nested under a call's ``arguments``, a
+    reference to ``#/$defs`` would no longer point at the top of the document."""
+    local = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+
+    def rewrite(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {k: rewrite(v) for k, v in node.items() if k not in ("$defs", "definitions")}
+            ref = node.get("$ref")
+            if isinstance(ref, str):
+                for prefix in _REF_PREFIXES:
+                    if ref.startswith(prefix) and ref[len(prefix):].split("/")[0] in local:
+                        out["$ref"] = "#/$defs/" + namespace + ref[len(prefix):]
+            return out
+        if isinstance(node, list):
+            return [rewrite(item) for item in node]
+        return node
+
+    for name, definition in local.items():
+        into[namespace + name] = rewrite(definition)
+    return rewrite(schema)  # type: ignore[no-any-return]
+
+
 def tool_grammar(request: Any) -> ToolGrammar | None:
     """The grammar ``request``'s tools and ``tool_choice`` ask for (None: free text)."""
     choice = request.tool_mode
     if choice.mode == "none":
         return None
     alternatives = []
+    definitions: dict[str, Any] = {}
     for i, tool in enumerate(request.tools):
         if tool in choice.allowed(request.tools):
+            arguments = hoist_definitions(tool.function.arguments_schema, f"tool{i}_", definitions)
             alternatives.append((i, {
                 "type": "object",
-                "properties": {"name": {"const": tool.function.name}, "arguments": tool.function.arguments_schema},
+                "properties": {"name": {"const": tool.function.name}, "arguments": arguments},
                 "required": ["name", "arguments"],
                 "additionalProperties": False,
             }))
     schema = alternatives[0][1] if len(alternatives) == 1 else {"anyOf": [a for _, a in alternatives]}
+    if definitions:
+        schema = {**schema, "$defs": definitions}
     param = f"tools[{alternatives[0][0]}].function.parameters" if len(alternatives) == 1 else "tools"
     body = schema_grammar(schema, param=param)
     body = re.sub(r"^root ::=", "tool-call-body ::=", body, count=1, flags=re.M)

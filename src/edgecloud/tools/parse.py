@@ -13,7 +13,8 @@ Whitespace around calls is not answer text (an answer of calls alone has ``conte
 Small models often answer with a bare call instead, a JSON object naming a declared function,
 fenced (```json) or not: an answer that *opens* that way is held back while it can still be
 one, and is a call when the object parses and names a declared function (the text after it,
-if any, stays text). Any other answer streams as it comes.
+if any, stays text). A slipped doubled opening brace (``{{"name": ...``) is forgiven, in a bare
+call or between the tags. Any other answer streams as it comes.
 """
 
 from __future__ import annotations
@@ -29,10 +30,25 @@ from .spec import CalledFunction, ToolCall, new_call_id
 __all__ = ["ToolCallParser", "parse_call"]
 
 
+def _slipped(text: str) -> str:
+    """``text`` without a slipped extra opening brace (``{{"name": ...}}`` or ``{{"name": ...}``)."""
+    squeezed = text.strip()
+    if squeezed.startswith("{") and re.sub(r"\s+", "", squeezed).startswith("{" + _BARE_START):
+        inner = squeezed[1:].lstrip()
+        try:
+            _, end = json.JSONDecoder().raw_decode(inner)
+        except ValueError:
+            return text
+        rest = inner[end:].strip()
+        return inner[:end] + (rest[1:] if rest.startswith("}") else rest)
+    return text
+
+
 def parse_call(body: str) -> ToolCall | None:
-    """The call ``body`` (the text between the tags) writes, None when it is not one."""
+    """The call ``body`` (the text between the tags) writes, None when it is not one (a slipped
+    doubled opening brace is forgiven)."""
     try:
-        data = json.loads(body)
+        data = json.loads(_slipped(body))
     except ValueError:
         return None
     if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not data["name"]:
@@ -55,7 +71,7 @@ _BARE_START = '{"name"'
 
 def _bare_call(text: str, names: set[str]) -> tuple[ToolCall, str] | None:
     """The call a whole answer opens with (and the text after it), None when it opens with none."""
-    body = text[_FENCE.match(text).end():]  # type: ignore[union-attr]
+    body = _slipped(text[_FENCE.match(text).end():])  # type: ignore[union-attr]
     try:
         data, end = json.JSONDecoder().raw_decode(body)
     except ValueError:
@@ -77,6 +93,8 @@ def _bare_state(text: str) -> str:
     if not rest:
         return "maybe"
     squeezed = re.sub(r"\s+", "", rest)
+    if squeezed.startswith("{{"):  # a slipped doubled opening brace
+        squeezed = squeezed[1:]
     if squeezed.startswith(_BARE_START):
         return "yes"
     if _BARE_START.startswith(squeezed) and not rest.endswith("```"):
