@@ -196,6 +196,34 @@ def test_openai_agents_sdk_runs_a_function_tool(qwen_server: ServeProcess) -> No
     assert seen and "Madrid" in seen[0] and result.final_output == f"It is 18 C and sunny in {seen[0]}."
 
 
+def test_openai_agents_sdk_default_model_speaks_the_responses_api(qwen_server: ServeProcess) -> None:
+    """The Agents SDK with its default model class (``OpenAIResponsesModel``: ``/v1/responses``),
+    unmodified, with one function tool (the 0.5B model calls it again after its result rather than
+    answering, so the run stops at the tool, as the chat-model test above does)."""
+    agents = pytest.importorskip("agents")
+    import openai
+
+    seen: list[str] = []
+
+    @agents.function_tool
+    def get_weather(city: str) -> str:
+        """The weather now in a city."""
+        seen.append(city)
+        return f"It is 18 C and sunny in {city}."
+
+    async def run() -> Any:
+        async with openai.AsyncOpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0) as client:
+            model = agents.OpenAIResponsesModel(model=QWEN, openai_client=client)
+            agent = agents.Agent(name="weather", instructions="Use your tools to answer.", model=model,
+                                 tools=[get_weather], model_settings=agents.ModelSettings(temperature=0, max_tokens=80),
+                                 tool_use_behavior="stop_on_first_tool")
+            return await agents.Runner.run(agent, "What's the weather in Madrid?", max_turns=3)
+
+    agents.set_tracing_disabled(True)
+    result = asyncio.run(run())
+    assert seen and "Madrid" in seen[0] and result.final_output == f"It is 18 C and sunny in {seen[0]}."
+
+
 def test_the_hybrid_client_calls_tools_on_either_side(qwen05_path: Path, qwen_server: ServeProcess) -> None:
     edge = LlamaCppBackend(qwen05_path, n_ctx=2048)
     ask = [{"role": "user", "content": "What is the weather in Paris right now?"}]

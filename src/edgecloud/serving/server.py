@@ -6,7 +6,9 @@ Routes: ``POST /v1/chat/completions`` (JSON, or server-sent events when ``stream
 ``data: {chunk}`` lines ending with ``data: [DONE]``; with ``stream_options.include_usage``
 a last chunk with no choices carries the usage), ``POST /v1/completions`` (raw-text prompts,
 same streaming rules; served by backends that implement ``astream_completion``, such as the
-torch engine), ``GET /v1/models``, ``GET /health`` and ``GET /metrics`` (Prometheus text,
+torch engine), ``POST /v1/responses`` (OpenAI's Responses API mapped onto the chat path, streamed
+events included: :mod:`edgecloud.serving.responses`), ``GET /v1/models``, ``GET /health`` and
+``GET /metrics`` (Prometheus text,
 vLLM's names under an ``edgecloud:`` prefix; see
 :mod:`edgecloud.observability.server_metrics`). A backend with its own ``metrics`` (the
 torch engine's scheduler) reports engine-level figures; for others the server measures
@@ -71,12 +73,16 @@ from ..runtime.completions import (
     scored_completion,
 )
 from .openapi import openapi_document
+from .responses import ResponseBuilder, ResponseStore, ResponsesRequest, chat_request, sse_event
 from .sessions import SessionStore
 
 __all__ = ["DEFAULT_MAX_BODY_BYTES", "create_app", "serve"]
 
 logger = logging.getLogger("edgecloud.server")
 
+#: What this server answers (named in a 404).
+SERVED_ROUTES = ("POST /v1/chat/completions", "POST /v1/completions", "POST /v1/responses", "GET /v1/models",
+                 "GET /health", "GET /metrics")
 #: Largest request body accepted (413 beyond): far above any prompt that fits a context.
 DEFAULT_MAX_BODY_BYTES = 4 * 1024 * 1024
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -216,6 +222,7 @@ def create_app(
     observe = metrics is not engine_metrics  # the server measures requests itself
     in_flight = [0]
     sessions = sessions if sessions is not None else SessionStore()
+    responses = ResponseStore()
 
     def check_key(request: Request) -> None:
         if expected_key is None:
@@ -239,7 +246,11 @@ def create_app(
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         error_type = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
-        body = {"error": {"message": str(exc.detail), "type": error_type, "param": None, "code": None}}
+        message = str(exc.detail)
+        if exc.status_code == 404:
+            message = (f"no route {request.method} {request.url.path} here; this server serves "
+                       f"{', '.join(SERVED_ROUTES)}")
+        body = {"error": {"message": message, "type": error_type, "param": None, "code": None}}
         return JSONResponse(body, status_code=exc.status_code, headers=exc.headers)
 
     @app.exception_handler(RequestValidationError)
@@ -370,16 +381,20 @@ def create_app(
         choice = last.choices[0].model_copy(update={"text": "".join(parts)})
         return last.model_copy(update={"model": model_name, "choices": [choice]})
 
-    async def _start_stream(chunks: AsyncIterator[Any], stream_options: Any) -> Response:
+    async def _first(chunks: AsyncIterator[Any]) -> Any:
+        """The stream's first chunk (None: it had none), pulled before answering 200, so errors
+        raised before generation (context overflow, queue full, unsupported option, backend
+        down) keep their status."""
         try:
-            # Pull the first chunk before answering 200, so errors raised before generation
-            # (context overflow, queue full, unsupported option, backend down) keep their status.
-            first = await chunks.__anext__()
+            return await chunks.__anext__()
         except StopAsyncIteration:
-            first = None
+            return None
         except BaseException:
             await chunks.aclose()  # type: ignore[attr-defined]
             raise
+
+    async def _start_stream(chunks: AsyncIterator[Any], stream_options: Any) -> Response:
+        first = await _first(chunks)
         include_usage = bool(stream_options and stream_options.include_usage)
         return _EventStream(
             _event_stream(chunks, first, include_usage), media_type="text/event-stream", headers=_SSE_HEADERS
@@ -411,6 +426,56 @@ def create_app(
             yield _sse(json.dumps(_error_body(exc)))
             if not isinstance(exc, EdgeCloudError):
                 logger.error("stream failed: %s", exc, exc_info=exc)
+        finally:
+            await chunks.aclose()  # type: ignore[attr-defined]
+
+    @app.post("/v1/responses")
+    async def create_response(request: Request) -> Response:
+        try:
+            check_key(request)
+            body = ResponsesRequest.parse(await _read_json(request, max_body_bytes))
+            check_model(body.model)
+            previous = body.previous_response_id
+            chat, conversation = chat_request(body, responses.get(previous) if previous else [])
+            builder = ResponseBuilder(body, model_name, previous)
+            chunks = _observed(backend.astream(chat))
+            if not body.stream:
+                result = builder.completed(collect_chunks([chunk async for chunk in chunks]))
+                if body.store is not False:
+                    responses.put(result["id"], conversation + builder.output_messages(result))
+                return JSONResponse(result)
+            first = await _first(chunks)
+            keep = body.store is not False
+            return _EventStream(_response_events(chunks, first, builder, conversation if keep else None),
+                                media_type="text/event-stream", headers=_SSE_HEADERS)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+            return error_response(exc)
+
+    async def _response_events(chunks: AsyncIterator[ChatCompletionChunk], first: Any, builder: ResponseBuilder,
+                               conversation: list[dict[str, Any]] | None) -> AsyncIterator[bytes]:
+        usage, finish = None, None
+        try:
+            for event in builder.start():
+                yield sse_event(event)
+            pending = [first] if first is not None else []
+            while True:
+                try:
+                    chunk = pending.pop() if pending else await chunks.__anext__()
+                except StopAsyncIteration:
+                    break
+                usage = chunk.usage or usage
+                finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+                for event in builder.chunk(chunk):
+                    yield sse_event(event)
+            events, final = builder.finish(usage, finish)
+            for event in events:
+                yield sse_event(event)
+            if conversation is not None:
+                responses.put(final["id"], conversation + builder.output_messages(final))
+        except Exception as exc:  # the status line is sent: report in-band, as OpenAI does
+            yield sse_event({"type": "error", "sequence_number": 0, **_error_body(exc)["error"]})
+            if not isinstance(exc, EdgeCloudError):
+                logger.error("response stream failed: %s", exc, exc_info=exc)
         finally:
             await chunks.aclose()  # type: ignore[attr-defined]
 
