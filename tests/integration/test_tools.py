@@ -1,7 +1,7 @@
 """Tool calls and structured output through real parts: the llama.cpp edge runtime, a real
 ``edgecloud serve`` (Qwen2.5-Coder 0.5B on the llama.cpp engine, whose chat template renders
-tools), the official ``openai`` SDK, LangChain, litellm and the OpenAI Agents SDK, and the hybrid
-client falling back in the middle of a streamed call."""
+tools), the official ``openai`` SDK, LangChain, litellm, instructor, pydantic-ai and the OpenAI
+Agents SDK, unmodified, and the hybrid client falling back in the middle of a streamed call."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import jsonschema
+import pydantic
 import pytest
 
 from edgecloud import EdgeCloud
@@ -101,6 +102,94 @@ def test_openai_sdk_calls_streams_and_follows_up(openai_client: Any) -> None:
     none = openai_client.chat.completions.create(model=QWEN, messages=ask, tools=[WEATHER], tool_choice="none",
                                                  temperature=0, max_tokens=20)
     assert none.choices[0].message.tool_calls is None and none.choices[0].message.content
+
+
+def test_openai_sdk_sees_call_arguments_arrive_in_pieces(openai_client: Any) -> None:
+    ask = [{"role": "user", "content": "Order two of sku A-1, rush it."}]
+    pieces = [call for chunk in openai_client.chat.completions.create(
+                  model=QWEN, messages=ask, tools=[WEATHER, ORDER], tool_choice="required", temperature=0,
+                  max_tokens=80, stream=True)
+              for choice in chunk.choices for call in choice.delta.tool_calls or []]
+    first, rest = pieces[0], pieces[1:]
+    assert first.index == 0 and first.id and first.type == "function" and first.function.name == "place_order"
+    assert len([p for p in rest if p.function.arguments]) > 1
+    assert all(p.index == 0 and p.id is None and not p.function.name for p in rest)
+    arguments = json.loads("".join(p.function.arguments or "" for p in pieces))
+    jsonschema.validate(arguments, ORDER_PARAMS)
+
+
+def test_instructor_in_tools_mode(qwen_server: ServeProcess) -> None:
+    """instructor's ``create``, ``create_iterable`` (a list of models: ``$defs`` / ``$ref`` in the
+    tool's schema) and ``create_partial`` (one update per streamed piece of the arguments)."""
+    instructor = pytest.importorskip("instructor")
+    import openai
+    import pydantic
+
+    class User(pydantic.BaseModel):
+        name: str
+        age: int
+
+    with openai.OpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0) as raw:
+        client = instructor.from_openai(raw, mode=instructor.Mode.TOOLS)
+        one = client.chat.completions.create(model=QWEN, response_model=User, temperature=0, max_tokens=60,
+                                             messages=[{"role": "user", "content": "Jason is 25 years old."}])
+        many = list(client.chat.completions.create_iterable(
+            model=QWEN, response_model=User, temperature=0, max_tokens=120,
+            messages=[{"role": "user", "content": "Jason is 25 years old and Sarah is 30."}]))
+        partial = list(client.chat.completions.create_partial(
+            model=QWEN, response_model=User, temperature=0, max_tokens=60,
+            messages=[{"role": "user", "content": "Jason is 25 years old."}]))
+    assert (one.name, one.age) == ("Jason", 25)
+    assert [(u.name, u.age) for u in many] == [("Jason", 25), ("Sarah", 30)]
+    assert len(partial) > 3 and (partial[-1].name, partial[-1].age) == ("Jason", 25)
+    assert any(p.age is None for p in partial)  # seen while the call was still being written
+
+
+class Item(pydantic.BaseModel):
+    sku: str
+    qty: int
+
+
+class City(pydantic.BaseModel):
+    name: str
+    country: str
+
+
+def test_pydantic_ai_nested_model_tool_and_output_type(qwen_server: ServeProcess) -> None:
+    pytest.importorskip("pydantic_ai")
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+    from pydantic_ai.settings import ModelSettings
+
+    seen: list[tuple[Item, bool]] = []
+
+    async def once(ctx: Any, tool: Any) -> Any:
+        return None if seen else tool  # offered until called (the 0.5B model would call it again and again)
+
+    async def run() -> tuple[Any, Any]:
+        provider = OpenAIProvider(base_url=f"{qwen_server.url}/v1", api_key=KEY)
+        model = OpenAIChatModel(QWEN, provider=provider)
+        settings = ModelSettings(temperature=0, max_tokens=100)
+        orders = Agent(model, instructions="Use your tools.", model_settings=settings)
+
+        @orders.tool_plain(prepare=once)
+        def place_order(item: Item, rush: bool) -> str:
+            """Order an item."""
+            seen.append((item, rush))
+            return f"Order placed: {item.qty} x {item.sku}."
+
+        try:
+            ordered = await orders.run("Order two of sku A-1, rush it.")
+            city = await Agent(model, output_type=City, model_settings=settings).run("What is the capital of France?")
+        finally:
+            await provider.client.close()
+        return ordered, city
+
+    ordered, city = asyncio.run(run())
+    assert seen and seen[0][0] == Item(sku="A-1", qty=2) and seen[0][1] is True
+    assert isinstance(ordered.output, str)
+    assert isinstance(city.output, City) and city.output.country == "France"
 
 
 def test_openai_sdk_structured_output_parses(openai_client: Any) -> None:

@@ -197,6 +197,10 @@ def test_tools_and_structured_output_are_held_to_their_schemas(server: str) -> N
         auto = client.chat.completions.create(model=MODEL, messages=ask, tools=[tool], max_tokens=48, temperature=0)
         forced = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Hello!"}],
                                                 tools=[tool], tool_choice="required", max_tokens=48, temperature=0)
+        pieces = [call for chunk in client.chat.completions.create(
+                      model=MODEL, messages=[{"role": "user", "content": "Hello!"}], tools=[tool], stream=True,
+                      tool_choice="required", max_tokens=48, temperature=0)
+                  for choice in chunk.choices for call in choice.delta.tool_calls or []]
         shaped = client.chat.completions.create(
             model=MODEL, messages=[{"role": "user", "content": "Give a number and a word."}], max_tokens=48,
             temperature=0, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {
@@ -208,6 +212,9 @@ def test_tools_and_structured_output_are_held_to_their_schemas(server: str) -> N
     args = json.loads(forced.choices[0].message.tool_calls[0].function.arguments)
     assert forced.choices[0].finish_reason == "tool_calls" and set(args) == {"city", "unit"}
     assert args["unit"] in ("celsius", "fahrenheit")
+    # streamed, the same call's arguments arrive in pieces after a first delta with its id and name
+    assert pieces[0].id and pieces[0].function.name == "get_weather" and len(pieces) > 2
+    assert "".join(p.function.arguments or "" for p in pieces) == forced.choices[0].message.tool_calls[0].function.arguments
     answer = json.loads(shaped.choices[0].message.content)
     assert shaped.choices[0].finish_reason == "stop" and isinstance(answer["n"], int) and len(answer["w"]) <= 12
 

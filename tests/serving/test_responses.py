@@ -46,12 +46,23 @@ def test_a_text_answer_and_its_stream_say_the_same(api: Any) -> None:
 
 def test_a_function_tool_is_called_and_its_result_continues_the_conversation(api: Any) -> None:
     first = api.responses.create(model="m", input="What is 2 plus 3? Use the add tool.", tools=[ADD],
-                                 tool_choice="required", max_output_tokens=64, temperature=0)
+                                 tool_choice="required", parallel_tool_calls=False, max_output_tokens=64,
+                                 temperature=0)
     [call] = [item for item in first.output if item.type == "function_call"]
     assert call.name == "add" and set(__import__("json").loads(call.arguments)) == {"a", "b"}
     later = api.responses.create(model="m", previous_response_id=first.id, max_output_tokens=16, temperature=0,
                                  input=[{"type": "function_call_output", "call_id": call.call_id, "output": "5"}])
     assert later.previous_response_id == first.id and later.output_text
+    # streamed: the call opens, its arguments arrive in pieces, it closes with all of them
+    events = list(api.responses.create(model="m", input="What is 2 plus 3? Use the add tool.", tools=[ADD],
+                                       tool_choice="required", parallel_tool_calls=False, max_output_tokens=64,
+                                       temperature=0, stream=True))
+    added = [e for e in events if e.type == "response.output_item.added" and e.item.type == "function_call"]
+    deltas = [e.delta for e in events if e.type == "response.function_call_arguments.delta"]
+    [done] = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(added) == 1 and added[0].item.name == "add" and len(deltas) > 1
+    assert "".join(deltas) == done.arguments == call.arguments
+    assert events[-1].response.output[0].arguments == call.arguments
 
 
 @pytest.mark.parametrize("extra, param", [

@@ -12,6 +12,7 @@ import pytest
 from edgecloud.errors import InvalidRequestError
 from edgecloud.runtime.chat_template import CHATML_TEMPLATE, ChatTemplate
 from edgecloud.tools.parse import ToolCallParser
+from edgecloud.tools.spec import ToolCall, ToolCallDelta
 from edgecloud.types import ChatCompletionChunk, ChatRequest, ChunkChoice, ChoiceDelta, collect_chunks
 
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather now", "parameters": {
@@ -27,40 +28,99 @@ def request(**fields: Any) -> ChatRequest:
     return ChatRequest(**{"messages": ASK, "tools": [WEATHER, ADD], **fields})
 
 
-def parse(text: str, step: int, names: tuple[str, ...] = ("get_weather", "add")) -> tuple[str, list[tuple[str, Any]]]:
-    parser, out, calls = ToolCallParser(names), [], []
-    for i in range(0, len(text), step):
-        delta, found = parser.push(text[i:i + step])
+def parse(text: str, step: int, names: tuple[str, ...] = ("get_weather", "add"),
+          stream: bool = False) -> tuple[str, list[tuple[str, Any]]]:
+    """Text and calls of ``text`` pushed ``step`` characters at a time, the calls assembled from the
+    parser's deltas as the openai SDK assembles them."""
+    text_out, held = stream_parse(text, step, names, stream)
+    return text_out, [(held[i].function.name, json.loads(held[i].function.arguments)) for i in sorted(held)]
+
+
+def stream_parse(text: str, step: int, names: tuple[str, ...] = ("get_weather", "add"),
+                 stream: bool = True, pieces: list[ToolCallDelta] | None = None) -> tuple[str, dict[int, ToolCall]]:
+    """Text and calls (by index) of ``text`` pushed ``step`` characters at a time; ``pieces``
+    collects each ``tool_calls`` delta as sent."""
+    parser, out, held = ToolCallParser(names, stream=stream), [], {}
+    sent = pieces if pieces is not None else []
+    for i in range(0, len(text) + step, step):
+        delta, found = parser.push(text[i:i + step]) if i < len(text) else parser.flush()
         out.append(delta)
-        calls += found
-    delta, found = parser.flush()
-    return "".join(out) + delta, [(c.function.name, json.loads(c.function.arguments)) for c in calls + found]
+        for piece in parser.deltas(found):
+            sent.append(piece.model_copy(deep=True))
+            ToolCallDelta.gather(held, piece)
+        if i >= len(text):
+            break
+    calls = {i: d.call() for i, d in held.items()}
+    assert [c.id for c in parser.calls] == [calls[i].id for i in sorted(calls)]
+    return "".join(out), calls
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
-def test_tagged_calls_come_out_whole_whatever_the_delta_size(step: int) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_tagged_calls_come_out_whole_whatever_the_delta_size(step: int, stream: bool) -> None:
     text = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>\n'
             '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
-    assert parse(text, step) == ("Let me check.", [("get_weather", {"city": "Oslo"}), ("add", {"a": 1, "b": 2})])
+    assert parse(text, step, stream=stream) == ("Let me check.", [("get_weather", {"city": "Oslo"}), ("add", {"a": 1, "b": 2})])
 
 
 @pytest.mark.parametrize("step", [1, 3, 1000])
-def test_text_is_never_lost(step: int) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_text_is_never_lost(step: int, stream: bool) -> None:
     for text in ["Hello <tool_ca there", "a < b and <tool", "<tool_call>\nnot json\n</tool_call> ok",
                  "```python\nprint(1)\n```", '{"a": 1}', '{"name": "unknown_fn", "arguments": {}}', "   "]:
-        assert parse(text, step) == (text, []), text
+        assert parse(text, step, stream=stream) == (text, []), text
 
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
-def test_a_bare_call_opening_the_answer_is_a_call(step: int) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_bare_call_opening_the_answer_is_a_call(step: int, stream: bool) -> None:
     fenced = '```json\n{\n  "name": "get_weather",\n  "arguments": {"city": "Paris"}\n}\n```'
-    assert parse(fenced, step) == ("", [("get_weather", {"city": "Paris"})])
-    assert parse('{"name": "add", "parameters": {"a": 2, "b": 3}} Done.', step) == ("Done.", [("add", {"a": 2, "b": 3})])
+    assert parse(fenced, step, stream=stream) == ("", [("get_weather", {"city": "Paris"})])
+    assert parse('{"name": "add", "parameters": {"a": 2, "b": 3}} Done.', step, stream=stream) == ("Done.", [("add", {"a": 2, "b": 3})])
 
 
-def test_a_call_cut_off_counts_only_if_it_parses() -> None:
-    assert parse('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}', 3)[1] == [("add", {"a": 1, "b": 2})]
-    assert parse('<tool_call>\n{"name": "add", "argu', 3) == ('<tool_call>\n{"name": "add", "argu', [])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_off_counts_only_if_it_parses(stream: bool) -> None:
+    cut = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}'
+    assert parse(cut, 3, stream=stream)[1] == [("add", {"a": 1, "b": 2})]
+    assert parse('<tool_call>\n{"name": "add", "argu', 3, stream=stream) == ('<tool_call>\n{"name": "add", "argu', [])
+    # once its arguments have started to stream a call stays one, cut off as OpenAI's are (the
+    # answer's finish_reason, "length", says so)
+    shown, calls = stream_parse('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b', 3)
+    assert shown == "" and calls[0].function.arguments == '{"a": 1, "b'
+
+
+@pytest.mark.parametrize("step", [1, 3, 7])
+def test_streamed_arguments_arrive_in_pieces_that_join_into_the_call(step: int) -> None:
+    arguments = '{"city": "Oslo \\"centre\\" {not a brace}", "unit": "c", "days": [1, {"x": [2]}]}'
+    text = ('Checking.\n<tool_call>\n{"name": "get_weather", "arguments": ' + arguments + '}\n</tool_call>\n'
+            '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>')
+    pieces: list[ToolCallDelta] = []
+    shown, calls = stream_parse(text, step, pieces=pieces)
+    assert shown == "Checking."
+    assert [(c.function.name, c.function.arguments) for c in calls.values()] == [
+        ("get_weather", arguments), ("add", '{"a": 1, "b": 2}')]
+    first = [p for p in pieces if p.index == 0]
+    # OpenAI's order: index, id, type and name first (arguments empty), then only arguments
+    assert first[0].id and first[0].type == "function" and first[0].function.name == "get_weather"
+    assert first[0].function.arguments == ""
+    assert all(p.id is None and p.function.name is None for p in first[1:])
+    assert len(first) > 2 and "".join(p.function.arguments for p in first) == arguments
+    assert [p.index for p in pieces] == sorted(p.index for p in pieces)  # one call at a time
+
+
+def test_a_streamed_bare_call_and_calls_that_cannot_stream() -> None:
+    pieces: list[ToolCallDelta] = []
+    shown, calls = stream_parse('```json\n{{"name": "add", "arguments": {"a": 2}}\n```', 2, pieces=pieces)
+    assert shown == "" and calls[0].function.arguments == '{"a": 2}' and len(pieces) > 2
+    # arguments written as a JSON text, keys in another order, a name nobody declared: not
+    # streamed, whole at the end (as without streaming)
+    for text in ['<tool_call>{"name": "add", "arguments": "{\\"a\\": 1}"}</tool_call>',
+                 '<tool_call>{"arguments": {"a": 1}, "name": "add"}</tool_call>',
+                 '<tool_call>{"name": "sub", "arguments": {"a": 1}}</tool_call>']:
+        pieces = []
+        shown, calls = stream_parse(text, 1, pieces=pieces)
+        assert shown == "" and json.loads(calls[0].function.arguments) == {"a": 1} and len(pieces) == 1, text
 
 
 def test_tool_choice_forms_and_their_errors() -> None:
@@ -140,12 +200,13 @@ def test_a_schema_the_grammar_compiler_cannot_handle_is_named_before_decoding() 
 
 
 @pytest.mark.parametrize("step", [1, 4, 1000])
-def test_a_slipped_doubled_brace_is_still_a_call(step: int) -> None:
-    assert parse('{{"name": "add", "arguments": {"a": 1, "b": 2}}}', step) == ("", [("add", {"a": 1, "b": 2})])
-    assert parse('```json\n{{"name": "add", "arguments": {"a": 1}}\n```', step) == ("", [("add", {"a": 1})])
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_slipped_doubled_brace_is_still_a_call(step: int, stream: bool) -> None:
+    assert parse('{{"name": "add", "arguments": {"a": 1, "b": 2}}}', step, stream=stream) == ("", [("add", {"a": 1, "b": 2})])
+    assert parse('```json\n{{"name": "add", "arguments": {"a": 1}}\n```', step, stream=stream) == ("", [("add", {"a": 1})])
     tagged = '<tool_call>\n{{"name": "get_weather", "arguments": {"city": "Oslo"}}}\n</tool_call>'
-    assert parse(tagged, step) == ("", [("get_weather", {"city": "Oslo"})])
-    assert parse("{{not a call}}", step) == ("{{not a call}}", [])
+    assert parse(tagged, step, stream=stream) == ("", [("get_weather", {"city": "Oslo"})])
+    assert parse("{{not a call}}", step, stream=stream) == ("{{not a call}}", [])
 
 
 def test_nested_models_with_defs_and_refs_compile_per_tool() -> None:

@@ -580,7 +580,7 @@ class LlamaCppBackend(TemplatedBackend):
         stats.started(len(prompt), cached)
         route = RouteInfo(target="edge", backend=self.name, reason=f"on device ({self.device}) with llama.cpp")
         answer = AnswerChunks(request, self.model_name, route, self._piece, lambda t: lib.llama_vocab_is_eog(vocab, t),
-                              stats)
+                              stats, stream_calls=True)
         yield answer.start()
         logits = None
         while answer.generated < max_new:

@@ -5,8 +5,9 @@ runtime: the role chunk, end-of-generation ids (unless ``ignore_eos``), text del
 :class:`~edgecloud.runtime.text_stream.TextStream` (whole UTF-8 characters, stop strings held
 back and never emitted), logprobs per token when asked (:func:`token_logprob`, a log-softmax of
 the runtime's logits), tool calls read from the text when the request offers tools
-(:class:`~edgecloud.tools.parse.ToolCallParser`: each call whole in one ``tool_calls`` delta,
-``finish_reason: "tool_calls"``), and the finish chunk with the reason, usage and route. Every runtime
+(:class:`~edgecloud.tools.parse.ToolCallParser`, ``finish_reason: "tool_calls"``: where the
+runtime holds calls to their grammar, ``stream_calls``, each call's arguments stream in pieces after
+a first delta with its id and name, as OpenAI sends them; elsewhere each call comes whole in one delta), and the finish chunk with the reason, usage and route. Every runtime
 that decodes token by token hands each new token here: llama.cpp, ONNX Runtime, Core ML, the
 torch edge backend and the cloud's torch engine (whose ``/v1/completions`` reshapes the same
 chunks as ``text_completion`` objects).
@@ -37,7 +38,6 @@ from ..types import (
 )
 from ..errors import ContextOverflowError
 from ..tools.parse import ToolCallParser
-from ..tools.spec import ToolCallDelta
 from .text_stream import TextStream
 
 __all__ = ["AnswerChunks", "answer_budget", "log_partition", "token_logprob", "top_tokens"]
@@ -98,7 +98,9 @@ class AnswerChunks:
     (or the token budget runs out), then :meth:`finish`.
 
     ``piece`` gives a token's bytes (control tokens as nothing), ``is_eog`` whether generation
-    ends at a token; ``route`` goes on the first and the last chunk.
+    ends at a token; ``route`` goes on the first and the last chunk. ``stream_calls``: stream each
+    tool call's arguments as they are written (for runtimes that hold calls to their grammar, so
+    the pieces join into the call's JSON).
     """
 
     def __init__(
@@ -109,6 +111,8 @@ class AnswerChunks:
         piece: Callable[[int], bytes],
         is_eog: Callable[[int], bool],
         stats: RuntimeStats | None = None,
+        *,
+        stream_calls: bool = False,
     ) -> None:
         self.id, self.created, self.model, self.route = new_completion_id(), now(), model, route
         self._stats = stats
@@ -119,7 +123,7 @@ class AnswerChunks:
         self._top_n = (chat.top_logprobs or 0) if chat is not None and request.logprobs else 0
         self._text = TextStream(request.stop_sequences)
         mode = chat.tool_mode if chat is not None else None
-        self._tools = (ToolCallParser(t.function.name for t in request.tools)
+        self._tools = (ToolCallParser((t.function.name for t in request.tools), stream=stream_calls)
                        if mode is not None and mode.mode != "none" else None)
         self._pending: list[TokenLogprob] = []
         self._parts: list[str] = []
@@ -192,10 +196,9 @@ class AnswerChunks:
         if delta:
             self._parts.append(delta)
             out.append(self._chunk(ChoiceDelta(content=delta)))
-        if calls:
-            first = len(self._tools.calls) - len(calls) if self._tools is not None else 0
-            out.append(self._chunk(ChoiceDelta(tool_calls=[ToolCallDelta.whole(first + i, c)
-                                                           for i, c in enumerate(calls)])))
+        # one tool-call delta per chunk, as OpenAI streams them (clients read ``tool_calls[0]``)
+        out += [self._chunk(ChoiceDelta(tool_calls=[delta]))
+                for delta in (self._tools.deltas(calls) if self._tools is not None else [])]
         return out
 
     def finish(

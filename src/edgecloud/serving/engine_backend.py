@@ -234,7 +234,8 @@ class TorchEngineBackend(BatchedEngineBackend):
         check_logit_bias(params, tokenizer.vocab_size)
         grammar = tokenizer.grammar_mask(params) if params.grammar is not None else None  # a bad one: 400, here
         answer = AnswerChunks(request, self.model_name, self._route(),
-                              piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog)
+                              piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
+                              stream_calls=True)
 
         def setup(seq: Sequence) -> None:
             seq.grammar, seq.top_n = grammar, answer.top_n

@@ -172,7 +172,8 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
             prompt = tokenizer.encode(request.text, add_bos=True)
         params = self._params(request, prompt)
         answer = AnswerChunks(request, self.model_name, self._route(),
-                              piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog)
+                              piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
+                              stream_calls=True)
         sampler = make_sampler(context._lib, context.vocab, context.n_vocab, params)
 
         def setup(seq: LlamaSequence) -> None:

@@ -29,6 +29,7 @@ from typing import Any
 from pydantic import Field
 
 from ..errors import InvalidRequestError
+from ..tools.spec import ToolCallDelta
 from ..types import ChatCompletion, ChatCompletionChunk, ChatRequest, Text, Usage, _Validated, now
 
 __all__ = ["ResponseBuilder", "ResponseStore", "ResponsesRequest", "chat_request"]
@@ -223,7 +224,8 @@ class ResponseBuilder:
         self._message_id = _new_id("msg")
         self._text: list[str] = []
         self._opened = False
-        self._calls: list[dict[str, Any]] = []
+        self._calls: dict[int, dict[str, Any]] = {}  # function_call items by the chat call's index
+        self._call_outputs: dict[int, int] = {}  # their output_index
 
     def response(self, status: str = "completed", output: list[dict[str, Any]] | None = None,
                  usage: Usage | None = None, finish: str | None = None) -> dict[str, Any]:
@@ -301,24 +303,47 @@ class ResponseBuilder:
                 self._text.append(text)
                 events.append(self._event("response.output_text.delta", item_id=self._message_id, output_index=0,
                                           content_index=0, delta=text, logprobs=[]))
-            for call in choice.delta.tool_calls or []:
-                if call.function is None or call.id is None:
-                    continue
-                index = len(self._calls) + (1 if self._opened else 0)
-                item = self._call_item(call.id, call.function.name or "", call.function.arguments or "", "completed")
-                self._calls.append(item)
-                events.append(self._event("response.output_item.added", output_index=index,
-                                          item={**item, "arguments": "", "status": "in_progress"}))
-                events.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
-                                          output_index=index, delta=item["arguments"]))
+            for piece in choice.delta.tool_calls or []:
+                events += self._call_piece(piece)
+        return events
+
+    def _call_piece(self, piece: ToolCallDelta) -> list[dict[str, Any]]:
+        """Events of one piece of a tool call: the item opens with the piece that has the call's id
+        (closing the call before it), its arguments arrive as deltas, it closes when the next call
+        opens or the answer ends."""
+        events: list[dict[str, Any]] = []
+        function = piece.function
+        item = self._calls.get(piece.index)
+        if item is None:
+            if piece.id is None or function is None:
+                return events  # not the opening piece of a call: nothing to attach it to
+            events += self._close_calls()
+            item = self._call_item(piece.id, function.name or "", "", "in_progress")
+            self._calls[piece.index] = item
+            self._call_outputs[piece.index] = len(self._calls) - 1 + (1 if self._opened else 0)
+            events.append(self._event("response.output_item.added", output_index=self._call_outputs[piece.index],
+                                      item=dict(item)))
+        if function is not None and function.arguments:
+            item["arguments"] += function.arguments
+            events.append(self._event("response.function_call_arguments.delta", item_id=item["id"],
+                                      output_index=self._call_outputs[piece.index], delta=function.arguments))
+        return events
+
+    def _close_calls(self, status: str = "completed") -> list[dict[str, Any]]:
+        events: list[dict[str, Any]] = []
+        for index, item in self._calls.items():
+            if item["status"] == "in_progress":
+                item["status"] = status
+                where = self._call_outputs[index]
                 events.append(self._event("response.function_call_arguments.done", item_id=item["id"],
-                                          output_index=index, arguments=item["arguments"]))
-                events.append(self._event("response.output_item.done", output_index=index, item=item))
+                                          output_index=where, arguments=item["arguments"]))
+                events.append(self._event("response.output_item.done", output_index=where, item=dict(item)))
         return events
 
     def finish(self, usage: Usage | None, finish: str | None) -> tuple[list[dict[str, Any]], dict[str, Any]]:
         """The closing events and the final ``response``."""
-        events: list[dict[str, Any]] = []
+        # a call still open when the token budget ran out is cut off: incomplete, like the response
+        events = self._close_calls("incomplete" if finish == "length" else "completed")
         output: list[dict[str, Any]] = []
         if self._opened:
             text = "".join(self._text)
@@ -329,7 +354,7 @@ class ResponseBuilder:
                                       content_index=0, part=part))
             events.append(self._event("response.output_item.done", output_index=0, item=self._message("completed")))
             output.append(self._message("completed"))
-        output += self._calls
+        output += [self._calls[i] for i in sorted(self._calls)]
         status = "incomplete" if finish == "length" else "completed"
         final = self.response(status, output, usage, finish)
         events.append(self._event(f"response.{status}", response=final))

@@ -1,13 +1,19 @@
 """The model's tool calls, read from its streamed text.
 
-This module owns :class:`ToolCallParser`: text deltas in, answer text and whole
-:class:`~edgecloud.tools.spec.ToolCall` objects out. A call is written
+This module owns :class:`ToolCallParser`: text deltas in, answer text and
+:class:`~edgecloud.tools.spec.ToolCall` objects (or their streamed pieces) out. A call is written
 ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>`` (Hermes / Qwen2.5's format, and the
 one :mod:`edgecloud.tools.prompt` teaches templates without tools); ``"parameters"`` is read as
 ``"arguments"`` (Llama 3's spelling). Text that might be the start of a tag is held back until it
 is known not to be; text inside a tag is never shown as answer text. A tag whose body is not a
 call (not JSON, no name) is handed back as text, as written: nothing is dropped. A call cut off
 by the token budget is a call only if what was written parses; otherwise it is text too.
+
+With ``stream`` (runtimes that hold calls to their grammar), each call's arguments stream as they
+are written, the way OpenAI sends them: a first delta with the call's index, id, type and name,
+then the arguments object's text in pieces (:meth:`ToolCallParser.deltas`); the pieces join into
+the call's JSON. A streamed call cut off by the token budget stays a call, its arguments as far as
+they got, as OpenAI's do (the answer's ``finish_reason`` is ``length``).
 Whitespace around calls is not answer text (an answer of calls alone has ``content: null``).
 
 Small models often answer with a bare call instead, a JSON object naming a declared function,
@@ -25,9 +31,84 @@ from collections.abc import Iterable
 from typing import Any
 
 from .prompt import CLOSE, OPEN
-from .spec import CalledFunction, ToolCall, new_call_id
+from .spec import CalledFunction, ToolCall, ToolCallDelta, ToolCallFunctionDelta, new_call_id
 
 __all__ = ["ToolCallParser", "parse_call"]
+
+#: How a call opens when it can stream: its name first, then its arguments object.
+_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*"([A-Za-z0-9_.-]{1,64})"\s*,\s*"(?:arguments|parameters)"\s*:\s*')
+#: A slipped doubled opening brace before a call's own.
+_SLIP = re.compile(r"\s*\{(?=\s*\{)")
+
+
+class _Streamed:
+    """One call whose arguments stream as they are written (:meth:`feed` the call's text so far):
+    a first piece with the call's index, id, type and name once ``{"name": N, "arguments": {`` is
+    read, then the arguments object's text in pieces until it closes. A call that opens otherwise
+    (another key order, arguments as a JSON text, a name nobody declared) is not streamed
+    (:attr:`off`): it comes out whole when it ends, as without streaming."""
+
+    def __init__(self, index: int, names: set[str]) -> None:
+        self.index, self.names = index, names
+        self.id, self.name = new_call_id(), ""
+        self.started = self.done = self.off = False
+        self._start = self._sent = self._end = 0
+        self._depth, self._string, self._escape = 0, False, False
+
+    def _open(self, body: str) -> ToolCallDelta | None:
+        """The first piece, once ``body`` shows the call's name and the start of its arguments."""
+        slip = _SLIP.match(body)
+        head = _HEAD.match(body, slip.end() if slip else 0)
+        if head is None:
+            squeezed = re.sub(r"\s+", "", body).lstrip("{")
+            self.off = not ('"name"'.startswith(squeezed[:6]) and (len(squeezed) < 7 or squeezed[6] == ":"))
+            return None
+        following = body[head.end():head.end() + 1]
+        if not following:
+            return None  # the arguments have not opened yet
+        if following != "{" or (self.names and head.group(1) not in self.names):
+            self.off = True
+            return None
+        self.started, self.name = True, head.group(1)
+        self._start = self._sent = head.end()
+        return ToolCallDelta(index=self.index, id=self.id, type="function",
+                             function=ToolCallFunctionDelta(name=self.name, arguments=""))
+
+    def feed(self, body: str) -> list[ToolCallDelta]:
+        """The pieces ``body`` (the call's text so far) adds."""
+        if self.off or self.done:
+            return []
+        out: list[ToolCallDelta] = []
+        if not self.started:
+            first = self._open(body)
+            if first is None:
+                return out
+            out.append(first)
+        scan = max(self._sent, self._start)
+        for i in range(scan, len(body)):
+            char = body[i]
+            if self._string:
+                self._string = self._escape or char != '"'
+                self._escape = not self._escape and char == "\\"
+            elif char == '"':
+                self._string = True
+            elif char in "{[":
+                self._depth += 1
+            elif char in "}]":
+                self._depth -= 1
+                if self._depth == 0:
+                    self.done, self._end = True, i + 1
+                    break
+        upto = self._end if self.done else len(body)
+        if upto > self._sent:
+            out.append(ToolCallDelta(index=self.index,
+                                     function=ToolCallFunctionDelta(arguments=body[self._sent:upto])))
+            self._sent = upto
+        return out
+
+    def call(self, body: str) -> ToolCall:
+        """The whole call, its arguments as streamed (``body``: its whole text, already fed)."""
+        return ToolCall(id=self.id, function=CalledFunction(name=self.name, arguments=body[self._start:self._sent]))
 
 
 def _slipped(text: str) -> str:
@@ -113,8 +194,11 @@ def _held_prefix(text: str, tag: str) -> int:
 class ToolCallParser:
     """Split streamed answer text into text and tool calls (:meth:`push` each delta, then :meth:`flush`)."""
 
-    def __init__(self, names: Iterable[str] = ()) -> None:
+    def __init__(self, names: Iterable[str] = (), *, stream: bool = False) -> None:
         self._names = set(names)
+        self._stream = stream
+        self._live: _Streamed | None = None  # the call being streamed
+        self._pieces: list[ToolCallDelta] = []
         self._opening = "maybe" if self._names else "no"  # may the answer still open with a bare call?
         self._buffer = ""
         self._in_call = False
@@ -135,12 +219,42 @@ class ToolCallParser:
             self._after_call = False
         return kept
 
+    def _feed(self, body: str) -> None:
+        """With streaming on: feed ``body`` (the current call's text so far) to its streamed call,
+        keeping the pieces for :meth:`deltas`."""
+        if self._stream:
+            if self._live is None:
+                self._live = _Streamed(len(self.calls), self._names)
+            self._pieces.extend(self._live.feed(body))
+
+    def _ended(self, body: str, call: ToolCall | None) -> ToolCall | None:
+        """The call whose text was ``body`` (``call``: as parsed), recorded; the streamed one when its
+        pieces went out (then it is not a whole call to send again: None)."""
+        live, self._live = self._live, None
+        if live is not None and live.started:
+            self._pieces.extend(live.feed(body))
+            self.calls.append(live.call(body))
+            return None
+        if call is not None:
+            self.calls.append(call)
+        return call
+
+    def deltas(self, calls: list[ToolCall]) -> list[ToolCallDelta]:
+        """The ``tool_calls`` deltas to send now: the streamed pieces written since the last time,
+        then ``calls`` (whole ones, from :meth:`push` or :meth:`flush`) each in one delta."""
+        out, self._pieces = self._pieces, []
+        index = {id(c): i for i, c in enumerate(self.calls)}
+        return out + [ToolCallDelta.whole(index[id(c)], c) for c in calls]
+
     def push(self, delta: str) -> tuple[str, list[ToolCall]]:
-        """Answer text to emit now, and the calls completed by ``delta``."""
+        """Answer text to emit now, and the calls completed by ``delta`` (whole ones; with
+        ``stream``, a call that streamed comes out in pieces through :meth:`deltas` instead)."""
         self._buffer += delta
         if self._opening != "no":
             self._opening = _bare_state(self._buffer)
             if self._opening != "no" and OPEN not in self._buffer:
+                if self._opening == "yes":
+                    self._feed(self._buffer[_FENCE.match(self._buffer).end():])  # type: ignore[union-attr]
                 return "", []  # held: the answer may be a bare call
             self._opening = "no"
         text: list[str] = []
@@ -149,16 +263,17 @@ class ToolCallParser:
             if self._in_call:
                 end = self._buffer.find(CLOSE)
                 if end < 0:
+                    self._feed(self._buffer)
                     break
                 body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE):]
                 self._in_call = False
-                call = parse_call(body)
-                if call is None:
+                before = len(self.calls)
+                call = self._ended(body, parse_call(body))
+                if len(self.calls) == before:
                     text.append(self._text(OPEN + body + CLOSE))
                 else:
                     self._space, self._after_call = "", True
-                    self.calls.append(call)
-                    found.append(call)
+                    found.extend([call] if call is not None else [])
                 continue
             start = self._buffer.find(OPEN)
             if start >= 0:
@@ -178,16 +293,18 @@ class ToolCallParser:
         if self._opening == "yes":
             self._opening = "no"
             bare = _bare_call(rest, self._names)
-            if bare is not None:
-                self.calls.append(bare[0])
-                return bare[1], [bare[0]]
+            body = rest[_FENCE.match(rest).end():]  # type: ignore[union-attr]
+            before = len(self.calls)
+            call = self._ended(body, bare[0] if bare is not None else None)
+            if len(self.calls) > before:
+                return (bare[1] if bare is not None else ""), [call] if call is not None else []
         if self._in_call:
             self._in_call = False
-            call = parse_call(rest)
-            if call is not None:
-                self.calls.append(call)
+            before = len(self.calls)
+            call = self._ended(rest, parse_call(rest))
+            if len(self.calls) > before:
                 self._space = ""
-                return "", [call]
+                return "", [call] if call is not None else []
             return self._text(OPEN + rest), []
         text = self._text(rest)
         if not self.calls and self._space:  # an answer of text only keeps its whitespace

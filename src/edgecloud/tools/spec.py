@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, field_validator, model_serializer
 
 from ..errors import InvalidRequestError
 
@@ -124,12 +124,22 @@ class ToolCall(BaseModel):
     function: CalledFunction
 
 
-class ToolCallFunctionDelta(BaseModel):
+class _Sparse(BaseModel):
+    """Serialized without its unset (None) fields, as OpenAI streams call pieces: a piece that
+    only adds arguments has no ``id``, ``type`` or ``name`` (clients that merge deltas key by key
+    would otherwise overwrite those with null)."""
+
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class ToolCallFunctionDelta(_Sparse):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(BaseModel):
+class ToolCallDelta(_Sparse):
     """A streamed piece of a tool call, as the ``openai`` SDK assembles them (by ``index``)."""
 
     index: int
