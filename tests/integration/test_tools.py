@@ -258,7 +258,11 @@ def test_litellm_with_tools(qwen_server: ServeProcess, litellm: Any) -> None:
     assert call.function.name == "get_weather" and valid(call)["city"]
 
 
-def test_openai_agents_sdk_runs_a_function_tool(qwen_server: ServeProcess) -> None:
+@pytest.mark.parametrize("api", ["default", "chat"])
+def test_openai_agents_sdk_runs_a_function_tool(qwen_server: ServeProcess, api: str) -> None:
+    """The Agents SDK, unmodified, with one function tool: its default model (the provider picks
+    the Responses API, ``/v1/responses``) and ``OpenAIChatCompletionsModel``. The 0.5B model calls
+    the tool again after its result rather than answering, so the run stops at the tool."""
     agents = pytest.importorskip("agents")
     import openai
 
@@ -274,41 +278,16 @@ def test_openai_agents_sdk_runs_a_function_tool(qwen_server: ServeProcess) -> No
         # the client is opened and closed on the loop that runs the agent (Runner.run_sync would
         # leave its own loop and the client's pooled connection open)
         async with openai.AsyncOpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0) as client:
-            model = agents.OpenAIChatCompletionsModel(model=QWEN, openai_client=client)
+            model = QWEN if api == "default" else agents.OpenAIChatCompletionsModel(model=QWEN, openai_client=client)
             agent = agents.Agent(name="weather", instructions="Use your tools to answer.", model=model,
                                  tools=[get_weather], model_settings=agents.ModelSettings(temperature=0, max_tokens=80),
                                  tool_use_behavior="stop_on_first_tool")
-            return await agents.Runner.run(agent, "What's the weather in Madrid?", max_turns=3)
+            config = agents.RunConfig(model_provider=agents.OpenAIProvider(openai_client=client))
+            return await agents.Runner.run(agent, "What's the weather in Madrid?", max_turns=3, run_config=config)
 
     agents.set_tracing_disabled(True)
-    result = asyncio.run(run())
-    assert seen and "Madrid" in seen[0] and result.final_output == f"It is 18 C and sunny in {seen[0]}."
-
-
-def test_openai_agents_sdk_default_model_speaks_the_responses_api(qwen_server: ServeProcess) -> None:
-    """The Agents SDK with its default model class (``OpenAIResponsesModel``: ``/v1/responses``),
-    unmodified, with one function tool (the 0.5B model calls it again after its result rather than
-    answering, so the run stops at the tool, as the chat-model test above does)."""
-    agents = pytest.importorskip("agents")
-    import openai
-
-    seen: list[str] = []
-
-    @agents.function_tool
-    def get_weather(city: str) -> str:
-        """The weather now in a city."""
-        seen.append(city)
-        return f"It is 18 C and sunny in {city}."
-
-    async def run() -> Any:
-        async with openai.AsyncOpenAI(base_url=f"{qwen_server.url}/v1", api_key=KEY, max_retries=0) as client:
-            model = agents.OpenAIResponsesModel(model=QWEN, openai_client=client)
-            agent = agents.Agent(name="weather", instructions="Use your tools to answer.", model=model,
-                                 tools=[get_weather], model_settings=agents.ModelSettings(temperature=0, max_tokens=80),
-                                 tool_use_behavior="stop_on_first_tool")
-            return await agents.Runner.run(agent, "What's the weather in Madrid?", max_turns=3)
-
-    agents.set_tracing_disabled(True)
+    default = agents.OpenAIProvider(openai_client=openai.AsyncOpenAI(base_url=qwen_server.url, api_key=KEY)).get_model(QWEN)
+    assert isinstance(default, agents.OpenAIResponsesModel)  # what "default" runs
     result = asyncio.run(run())
     assert seen and "Madrid" in seen[0] and result.final_output == f"It is 18 C and sunny in {seen[0]}."
 
