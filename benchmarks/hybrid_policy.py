@@ -5,10 +5,10 @@ Everything goes through the public client (``EdgeCloud``) with the real collabor
     python benchmarks/hybrid_policy.py run --name checked-0.7 --mode checked --trust 0.7
     python benchmarks/hybrid_policy.py run --name verified --mode verified
     python benchmarks/hybrid_policy.py run --name token-old --mode token --gate 0.3 --span-tokens 4
-    python benchmarks/hybrid_policy.py live --modes off-edge,off-cloud,token-old,checked,verified --rtt 0,50
+    python benchmarks/hybrid_policy.py live --rtt 0,50     # modes edge, cloud, token-old, default, verified
     python benchmarks/hybrid_policy.py report          # JSON to stdout, results/hybrid_policy.json + .png
 
-``run`` answers the corpus sample (``--per-family`` tasks of each of the nine families, the
+``run`` answers the corpus sample (``--per-family`` tasks of each family both sides labelled, the
 same sample for every run) with the 0.5B edge and the 1.5B cloud both in this process: the cloud
 is a llama.cpp runtime behind the same :class:`~edgecloud.backend.Verifier` interface the HTTP
 client offers (token sessions included), so a run measures the modes' decisions and their
@@ -19,7 +19,7 @@ to end time, and the server's own forward-pass counter beside the client's count
 joins the runs with the all-edge and all-cloud labels (``edgecloud route label --corpus``) and
 the previous cascade (decided from those labels), and chooses the default leave-one-family-out:
 for each family, the candidate with the lowest billed cost that reaches the quality target on
-the other eight families, scored on the held-out one.
+the other families, scored on the held-out one.
 """
 
 from __future__ import annotations
@@ -70,12 +70,24 @@ class LocalCloud(LlamaCppBackend):
         return self.score(tokens, start=start, top_n=1)
 
 
-def sample(per_family: int) -> list[Task]:
+def sample(per_family: int, families: tuple[str, ...] = CORPUS_FAMILIES) -> list[Task]:
     """The first ``per_family`` corpus tasks of each family (the corpus order is a seeded sample)."""
     out: list[Task] = []
-    for family in CORPUS_FAMILIES:
+    for family in families:
         out += load_corpus([family])[:per_family]
     return out
+
+
+def _families(arg: str | None) -> tuple[str, ...]:
+    """``--families``: a comma list, or by default every family whose sample both sides labelled."""
+    if arg:
+        unknown = set(arg.split(",")) - set(CORPUS_FAMILIES)
+        if unknown:
+            raise SystemExit(f"unknown families {sorted(unknown)}; choose from {', '.join(CORPUS_FAMILIES)}")
+        return tuple(arg.split(","))
+    ref = labels()
+    return tuple(f for f in CORPUS_FAMILIES
+                 if all({"edge", "cloud"} <= set(ref.get(t.id, {})) for t in load_corpus([f])[:4]))
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
@@ -122,7 +134,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     out = RUNS / f"{args.name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _read(out)
-    tasks = [t for t in sample(args.per_family) if t.id not in done]
+    tasks = [t for t in sample(args.per_family, _families(args.families)) if t.id not in done]
     edge = LlamaCppBackend(EDGE_MODEL, n_ctx=args.ctx)
     cloud = LocalCloud(CLOUD_MODEL, n_ctx=args.ctx)
     config = {"collab": collab, "fallback": {"max_retries": 0}}
@@ -166,7 +178,7 @@ def cmd_live(args: argparse.Namespace) -> None:
     from edgecloud.testing import LatencyProxy
     from faults import ServeProcess
 
-    tasks = sample(args.per_family)
+    tasks = sample(args.per_family, _families(args.families))
     modes = args.modes.split(",")
     out: dict[str, Any] = {"tasks": len(tasks), "per_family": args.per_family, "rtt": {}}
     server = ServeProcess(CLOUD_MODEL, api_key="sk-live", ctx=args.ctx).start()
@@ -289,7 +301,7 @@ def lofo(runs: dict[str, list[dict[str, Any]]], ref: dict[str, dict[str, Any]], 
 
     held: list[dict[str, Any]] = []
     choices: dict[str, str] = {}
-    for family in CORPUS_FAMILIES:
+    for family in sorted({r["family"] for rows in runs.values() for r in rows}):
         others = {n: [r for r in rows if r["family"] != family] for n, rows in runs.items()}
         if not any(others.values()):
             continue
@@ -340,20 +352,21 @@ def cmd_report(args: argparse.Namespace) -> None:
     prices = Prices()
     ref = labels()
     runs = {p.stem: list(_read(p).values()) for p in sorted(RUNS.glob("*.jsonl"))}
-    tasks = sample(args.per_family)
+    families = _families(args.families)
+    tasks = sample(args.per_family, families)
     ids = {t.id for t in tasks}
     runs = {n: [r for r in rows if r["id"] in ids] for n, rows in runs.items()}
     edge_rows = [{"id": t.id, "family": t.suite, "pass": ref[t.id]["edge"]["pass"], "ttft": None,
                   "seconds": ref[t.id]["edge"]["seconds"], "tokens": {"edge": ref[t.id]["edge"]["tokens"], "cloud": 0},
                   "cloud_calls": 0, "cost": {"usd": 0.0, "cloud_passes": 0}} for t in tasks if "edge" in ref.get(t.id, {})]
     out: dict[str, Any] = {
-        "tasks": len(tasks), "families": list(CORPUS_FAMILIES), "quality_target": QUALITY_TARGET,
+        "tasks": len(tasks), "families": list(families), "quality_target": QUALITY_TARGET,
         "prices": prices.model_dump(),
         "all_edge": summarise(edge_rows, ref, prices),
         "previous_cascade": cascade_from_labels(ref, tasks, prices),
         "runs": {name: summarise(rows, ref, prices) for name, rows in runs.items()},
         "per_family": {name: {f: summarise([r for r in rows if r["family"] == f], ref, prices)
-                              for f in CORPUS_FAMILIES} for name, rows in runs.items()},
+                              for f in families} for name, rows in runs.items()},
     }
     candidates = {n: rows for n, rows in runs.items() if n.startswith(tuple(args.candidates.split(",")))}
     if candidates:
@@ -387,7 +400,8 @@ def _plot(out: dict[str, Any]) -> None:
     ax.axhline(QUALITY_TARGET, linestyle=":", linewidth=0.8)
     ax.set_xlabel("billed cost vs the same answers all-cloud (pooled)")
     ax.set_ylabel("quality vs all-cloud")
-    ax.set_title(f"Hybrid modes on the development corpus ({out['tasks']} tasks, 9 families)")
+    ax.set_title(f"Hybrid modes on the development corpus ({out['tasks']} tasks, "
+                 f"{len(out['families'])} families)")
     fig.tight_layout()
     fig.savefig(RESULTS / "hybrid_policy.png", dpi=120)
 
@@ -403,14 +417,17 @@ def main() -> None:
     run.add_argument("--span-tokens", type=int)
     run.add_argument("--max-calls", type=int)
     run.add_argument("--draft-max", type=int)
+    run.add_argument("--families", help="comma list (default: every family both sides labelled)")
     run.add_argument("--per-family", type=int, default=16)
     run.add_argument("--ctx", type=int, default=5120)
     live = sub.add_parser("live", help="TTFT and time through a real server at a given round trip")
     live.add_argument("--modes", default=",".join(LIVE_MODES))
     live.add_argument("--rtt", default="0,50")
+    live.add_argument("--families", help="comma list (default: every family both sides labelled)")
     live.add_argument("--per-family", type=int, default=2)
     live.add_argument("--ctx", type=int, default=5120)
     report = sub.add_parser("report", help="join the runs with the labels; choose the default held out by family")
+    report.add_argument("--families", help="comma list (default: every family both sides labelled)")
     report.add_argument("--per-family", type=int, default=16)
     report.add_argument("--candidates", default="checked,verified,token")
     args = parser.parse_args()

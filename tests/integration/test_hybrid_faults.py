@@ -307,7 +307,8 @@ def test_metrics_and_spans_tell_what_happened(edge: LlamaCppBackend, scripted: S
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     scripted.script(sse_reply(event(), "data: {junk\n\n"), sse_reply(event(), event("Hi!", "stop"), USAGE))
     with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=scripted.url, cloud_model=CLOUD_MODEL,
-                   config={**FAST, "prices": {"cloud_input_per_mtok": 1.0, "cloud_output_per_mtok": 2.0}},
+                   config={**FAST, "prices": {"cloud_input_per_mtok": 1.0, "cloud_output_per_mtok": 2.0,
+                                              "cloud_cached_input_share": 0.5}},
                    policy=RoutePolicy(scorer=CLOUD_FIRST), tracer_provider=provider) as client:
         fell = client.chat.completions.create(messages=HELLO, max_tokens=6, temperature=0)  # junk → edge
         cloud = client.chat.completions.create(messages=HELLO, max_tokens=6)  # the cloud answers
@@ -321,10 +322,11 @@ def test_metrics_and_spans_tell_what_happened(edge: LlamaCppBackend, scripted: S
     assert samples[("edgecloud:fallbacks_total", (("cause", "malformed_stream"), ("from", "cloud"), ("to", "edge")))] == 1
     assert samples[("edgecloud:client_requests_total", (("outcome", "ok"), ("target", "edge")))] == 1
     assert samples[("edgecloud:client_requests_total", (("outcome", "ok"), ("target", "cloud")))] == 1
-    # the cloud answer: 5 prompt + 2 completion tokens at $1 / $2 per million
-    assert cloud.cost is not None and cloud.cost.usd == pytest.approx(5e-6 + 4e-6)
+    # the cloud answer: 5 prompt tokens (3 of them read from its cache at half price) + 2 completion
+    # tokens, at $1 / $2 per million
+    assert cloud.cost is not None and cloud.cost.usd == pytest.approx(2e-6 + 1.5e-6 + 4e-6)
     assert fell.cost is not None and fell.cost.usd == 0.0 and fell.cost.saved_usd > 0
-    assert stats["requests"] == 2 and stats["fallbacks"] == 1 and stats["cost_usd"] == pytest.approx(9e-6)
+    assert stats["requests"] == 2 and stats["fallbacks"] == 1 and stats["cost_usd"] == pytest.approx(7.5e-6)
     spans = exporter.get_finished_spans()
     assert len(spans) == 2
     first = spans[0]

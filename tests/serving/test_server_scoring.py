@@ -124,10 +124,10 @@ def test_the_torch_engine_scores_too(smollm2_path: Path) -> None:
         decoded = api(url).completions.create(model="m", prompt=TEXT, max_tokens=1, temperature=0)
         held = _post(url, {"prompt": ids[:-2], "session": {"id": "torch-1"}}).json()
         later = _post(url, {"prompt": ids[-2:], "session": {"id": "torch-1", "base": len(ids) - 2}}).json()
-    lp = scored.choices[0].logprobs
+        lp = scored.choices[0].logprobs
+        nxt = backend.token_bytes(int(lp.tokens[-1].split(":")[1])).decode()
     assert len(lp.tokens) == len(ids) + 1 and all(x is not None and x <= 0 for x in lp.token_logprobs[1:])
-    nxt = int(lp.tokens[-1].split(":")[1])
-    assert backend.token_bytes(nxt).decode() == decoded.choices[0].text
+    assert nxt == decoded.choices[0].text
     assert held["session"]["tokens"] == len(ids) - 2 and later["usage"]["prompt_tokens"] == 2
     assert later["choices"][0]["logprobs"]["tokens"][-1] == lp.tokens[-1]
 

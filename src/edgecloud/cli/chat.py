@@ -33,7 +33,7 @@ from ..errors import EdgeCloudError
 from ..store import resolve_model
 from ..tools.spec import ToolCall
 from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
-from .chat_tools import MAX_ROUNDS, LocalTool, load_tools, run_call
+from .chat_tools import MAX_ROUNDS, LocalTool, load_tools, run_call, shown_arguments
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
 
@@ -154,7 +154,7 @@ def answer_turn(
         messages.append(ChatMessage(role="assistant", content=text, tool_calls=stats.calls))
         for call in stats.calls:
             result = run_call(tools, call)
-            note(f"→ {call.function.name}({call.function.arguments}) = {result}")
+            note(f"→ {call.function.name}({shown_arguments(call)}) = {result}")
             messages.append(ChatMessage(role="tool", tool_call_id=call.id, content=result))
         rounds += 1
         # the last round must answer in words: no more calls

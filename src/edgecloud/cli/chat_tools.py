@@ -75,3 +75,13 @@ def run_call(tools: dict[str, LocalTool], call: ToolCall) -> str:
     if done.returncode != 0:
         return f"error: the tool exited with {done.returncode}: {done.stderr.strip()[-500:]}"
     return done.stdout.strip()
+
+
+def shown_arguments(call: ToolCall) -> str:
+    """A call's arguments on one line for the transcript (the model may lay its JSON out over
+    several lines; arguments that are not JSON are shown with their whitespace collapsed)."""
+    text = call.function.arguments if call.function is not None else ""
+    try:
+        return json.dumps(json.loads(text), ensure_ascii=False)
+    except ValueError:
+        return " ".join(text.split())
