@@ -5,7 +5,7 @@ Everything goes through the public client (``EdgeCloud``) with the real collabor
     python benchmarks/hybrid_policy.py run --name checked-0.7 --mode checked --trust 0.7
     python benchmarks/hybrid_policy.py run --name verified --mode verified
     python benchmarks/hybrid_policy.py run --name token-old --mode token --gate 0.3 --span-tokens 4
-    python benchmarks/hybrid_policy.py live --rtt 0,50     # modes edge, cloud, token-old, default, verified
+    python benchmarks/hybrid_policy.py live --rtt 0,50     # modes edge, cloud, token-old, checked-0.7, default
     python benchmarks/hybrid_policy.py report          # JSON to stdout, results/hybrid_policy.json + .png
 
 ``run`` answers the corpus sample (``--per-family`` tasks of each family both sides labelled, the
@@ -131,17 +131,17 @@ def cmd_run(args: argparse.Namespace) -> None:
             collab[key] = value
     if args.mode == "token":
         collab.setdefault("span_stop", "tokens")
-    out = RUNS / f"{args.name}.jsonl"
+    out = Path(args.out_dir) / f"{args.name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _read(out)
     tasks = [t for t in sample(args.per_family, _families(args.families)) if t.id not in done]
-    edge = LlamaCppBackend(EDGE_MODEL, n_ctx=args.ctx)
-    cloud = LocalCloud(CLOUD_MODEL, n_ctx=args.ctx)
+    edge = LlamaCppBackend(args.edge_model, n_ctx=args.ctx)
+    cloud = LocalCloud(args.cloud_model, n_ctx=args.ctx)
     config = {"collab": collab, "fallback": {"max_retries": 0}}
     route = "cloud" if args.mode == "off-cloud" else "edge" if args.mode == "off-edge" else "auto"
     if args.mode.startswith("off-"):
         config["collab"] = {"mode": "off"}
-    with edge, cloud, EdgeCloud(edge_backend=edge, cloud_backends=[cloud], cloud_model=CLOUD_MODEL,
+    with edge, cloud, EdgeCloud(edge_backend=edge, cloud_backends=[cloud], cloud_model=args.cloud_model,
                                 config=config) as client, out.open("a", encoding="utf-8") as fh:
         for i, task in enumerate(tasks):
             row = answer(client, task, route=route)
@@ -159,8 +159,8 @@ LIVE_MODES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "edge": ({"route": "edge", "collab": "off"}, {}),
     "cloud": ({"route": "cloud", "collab": "off"}, {}),
     "token-old": ({"collab": "token"}, {"gate": 0.3, "span_tokens": 4, "span_stop": "tokens"}),
+    "checked-0.7": ({"collab": "checked"}, {"trust": 0.7}),
     "default": ({}, {}),
-    "verified": ({"collab": "verified"}, {}),
 }
 
 
@@ -375,8 +375,46 @@ def cmd_report(args: argparse.Namespace) -> None:
     if live.exists():
         out["live"] = json.loads(live.read_text())
     (RESULTS / "hybrid_policy.json").write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out, indent=2))
+    print(_markdown(out) if args.markdown else json.dumps(out, indent=2))
     _plot(out)
+
+
+#: Which ``live`` mode measured each row of the table (its TTFT and end-to-end time).
+LIVE_ROW = {"all-edge": "edge", "token-old": "token-old", "checked-0.7": "checked-0.7"}
+
+
+def _markdown(out: dict[str, Any]) -> str:
+    """The README's table: one row per policy, ratios against the same answers all-cloud."""
+    def f(v: Any, fmt: str = "{:.2f}") -> str:
+        return "–" if v is None else fmt.format(v)
+
+    default = out.get("default_choice", {}).get("in_suite_choice")
+    rows = {"all-edge": out["all_edge"], "previous cascade": out["previous_cascade"], **out["runs"]}
+    lines = ["| policy | quality vs all-cloud | cloud-written tokens | cloud calls / answer (mean, p50) | "
+             "billed vs all-cloud (p50, max, pooled) | cloud passes vs all-cloud (pooled) | "
+             "TTFT p50 / p90, RTT 0 · 50 ms | end-to-end vs edge-only, RTT 0 · 50 ms |",
+             "|---|---|---|---|---|---|---|---|"]
+    live = out.get("live", {}).get("rtt", {})
+    for name, s in rows.items():
+        if not s.get("tasks"):
+            continue
+        mode = "default" if name == default else LIVE_ROW.get(name)
+        by_rtt = [live.get(r, {}).get(mode or "", {}) for r in ("0", "50")]
+        ttft = " · ".join(f"{f(m.get('ttft_p50'))} / {f(m.get('ttft_p90'))} s" for m in by_rtt) if mode else "–"
+        e2e = " · ".join(f(m.get("e2e_vs_edge_only")) + "×" for m in by_rtt) if mode else "–"
+        label = f"**{name}** (default)" if name == default else name
+        lines.append(
+            f"| {label} | {f(s['quality_vs_all_cloud'], '{:.0%}')} | {f(s['cloud_token_share'], '{:.0%}')} | "
+            f"{f(s['cloud_calls_mean'], '{:.1f}')}, {f(s['cloud_calls_p50'], '{:.0f}')} | "
+            f"{f(s.get('cost_vs_all_cloud_p50'))}×, {f(s.get('cost_vs_all_cloud_max'))}×, "
+            f"{f(s.get('cost_vs_all_cloud_pooled'))}× | {f(s.get('passes_vs_all_cloud_pooled'))}× | {ttft} | {e2e} |")
+    held = out.get("default_choice", {}).get("held_out")
+    if held and held.get("tasks"):
+        lines.append(f"\nHeld out by family (each family answered by the policy chosen on the others): "
+                     f"quality {held['quality_vs_all_cloud']:.0%} of all-cloud, billed "
+                     f"{held['cost_vs_all_cloud_p50']:.2f}× all-cloud at p50 (pooled "
+                     f"{held['cost_vs_all_cloud_pooled']:.2f}×), cloud passes {held['passes_vs_all_cloud_pooled']:.2f}×.")
+    return "\n".join(lines)
 
 
 def _plot(out: dict[str, Any]) -> None:
@@ -420,6 +458,9 @@ def main() -> None:
     run.add_argument("--families", help="comma list (default: every family both sides labelled)")
     run.add_argument("--per-family", type=int, default=16)
     run.add_argument("--ctx", type=int, default=5120)
+    run.add_argument("--edge-model", default=EDGE_MODEL)
+    run.add_argument("--cloud-model", default=CLOUD_MODEL)
+    run.add_argument("--out-dir", default=str(RUNS), help="where NAME.jsonl goes (default: results/corpus/runs)")
     live = sub.add_parser("live", help="TTFT and time through a real server at a given round trip")
     live.add_argument("--modes", default=",".join(LIVE_MODES))
     live.add_argument("--rtt", default="0,50")
@@ -429,6 +470,7 @@ def main() -> None:
     report = sub.add_parser("report", help="join the runs with the labels; choose the default held out by family")
     report.add_argument("--families", help="comma list (default: every family both sides labelled)")
     report.add_argument("--per-family", type=int, default=16)
+    report.add_argument("--markdown", action="store_true", help="print the README's table instead of the JSON")
     report.add_argument("--candidates", default="checked,verified,token")
     args = parser.parse_args()
     {"run": cmd_run, "live": cmd_live, "report": cmd_report}[args.command](args)

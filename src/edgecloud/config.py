@@ -181,7 +181,7 @@ class CollabSettings(_Section):
 
     mode: CollabMode = Field(
         "auto",
-        description="auto: checked mode for answers that start on the edge (when a cloud is configured; token mode "
+        description="auto: verified mode for answers that start on the edge (when a cloud is configured; token mode "
                     "where token ids cannot be shared); off: one side answers; checked: the edge writes while sure and "
                     "the cloud checks the tokens it is unsure of; token: the cloud writes text spans where the edge is "
                     "unsure; verified: the cloud checks every drafted token (its greedy text, token for token); "

@@ -1,4 +1,4 @@
-"""Checked mode (the default): the edge writes while sure, the cloud checks where it is not.
+"""Checked and verified mode (verified is what auto runs): the edge drafts, the cloud checks.
 
 A real llama.cpp edge (SmolLM2) and a real ``edgecloud serve`` cloud (the same model, so the
 cloud's greedy text is known: what it writes alone). The edge is made unsure and wrong on
@@ -77,12 +77,12 @@ def cloud_text(edge: Backend, cloud: str) -> str:
         return run(c, route="cloud", collab="off")[0]
 
 
-def test_the_default_is_checked_mode_and_every_answer_says_what_it_cost(edge: Backend, cloud: str) -> None:
+def test_the_default_is_verified_mode_and_every_answer_says_what_it_cost(edge: Backend, cloud: str) -> None:
     with client(Doubting(edge), cloud) as c:
         text, final = run(c)
         stats = c.stats()
     route, cost, usage = final.route, final.cost, final.usage
-    assert route.collab == "checked" and route.noted("collab_mode") is not None
+    assert route.collab == "verified" and route.noted("collab_mode") is not None
     assert text and route.cloud_calls >= 1 and route.tokens["cloud"] >= 1
     assert route.tokens["edge"] + route.tokens["cloud"] == usage.completion_tokens
     assert cost.cloud_calls == route.cloud_calls and cost.cloud_passes >= route.cloud_calls
@@ -154,7 +154,7 @@ def test_text_spans_where_token_ids_cannot_be_shared(edge: Backend, server: Serv
 
 def test_auto_steps_aside_for_a_cloud_that_cannot_score(edge: Backend) -> None:
     """An OpenAI-compatible endpoint without scoring: the first answer goes on on the edge (and says
-    so), later ones share by text spans; asked for by name, checked mode is a ConfigError."""
+    so), later ones share by text spans; asked for by name, verified mode is a ConfigError."""
     from edgecloud.errors import ConfigError
 
     fake = ScriptedServer()
@@ -165,7 +165,7 @@ def test_auto_steps_aside_for_a_cloud_that_cannot_score(edge: Backend) -> None:
         with client(Doubting(edge), fake.url, gate=1.0) as c:
             text, first = run(c)
             _, later = run(c)
-        assert text and first.route.collab == "checked" and first.route.tokens["cloud"] == 0
+        assert text and first.route.collab == "verified" and first.route.tokens["cloud"] == 0
         assert any("cannot score" in n.text for n in first.route.notes if n.code == "collab_mode")
         assert later.route.collab == "token"
         fake.script(json_reply(400, refusal))

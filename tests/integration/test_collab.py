@@ -109,7 +109,7 @@ def test_route_tokens_on_every_answer(edge: Backend, server: ServeProcess) -> No
             assert answer.route.cloud_calls == (1 if route == "cloud" else 0)
         default = c.chat.completions.create(messages=QUESTION, max_tokens=12)
         assert sum(default.route.tokens.values()) == default.usage.completion_tokens
-        assert default.route.collab == "checked"  # auto, and the edge started
+        assert default.route.collab == "verified"  # auto, and the edge started
 
 
 def test_privacy_pins_never_send_a_span(edge: Backend, server: ServeProcess) -> None:

@@ -151,4 +151,4 @@ def test_the_cascade_is_not_the_default(llamacpp_edge: Backend, server: ServePro
     client.hybrid.confidence = _check(0.6, 0.6)  # would escalate every answer
     with client:
         chunks, route = _ask(client)
-    assert route.collab == "checked" and not any(f["cause"] == "low_confidence" for f in route.fallbacks)
+    assert route.collab == "verified" and not any(f["cause"] == "low_confidence" for f in route.fallbacks)

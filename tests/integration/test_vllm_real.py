@@ -158,11 +158,10 @@ def test_the_hybrid_client_uses_vllm_as_its_cloud(vllm_url: str, smollm2_path: P
 
 
 def test_the_default_checks_the_edges_doubts_with_vllm(vllm_url: str, smollm2_path: Path) -> None:
-    """The client's defaults with vLLM as the cloud: checked mode, vLLM scoring the drafted blocks.
+    """The client's defaults with vLLM as the cloud: verified mode, vLLM scoring the drafted blocks.
     vLLM holds no token session, so each check sends the whole context (the first round, and every
     one after, as the client counts it); its prefix cache reports the repeated part as cached."""
-    config = {"fallback": {"max_retries": 0, "timeout_s": 120}, "router": {"pii": "off"},
-              "collab": {"trust": 1.0}}  # every token checked: the text is vLLM's greedy answer
+    config = {"fallback": {"max_retries": 0, "timeout_s": 120}, "router": {"pii": "off"}}
     with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
         with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
                        cloud_api_key=KEY, config=config) as client:
@@ -170,7 +169,7 @@ def test_the_default_checks_the_edges_doubts_with_vllm(vllm_url: str, smollm2_pa
             cloud = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0, route="cloud",
                                                    collab="off")
     route, cost = answer.route, answer.cost
-    assert route.collab == "checked" and route.cloud_calls >= 1 and answer.text
+    assert route.collab == "verified" and route.cloud_calls >= 1 and answer.text
     assert cost.cloud_calls == route.cloud_calls and cost.cloud_passes >= route.cloud_calls
     # no session: every round re-sends the prompt, so more input than the prompt and answer once
     assert cost.cloud_input_tokens >= route.cloud_calls * answer.usage.prompt_tokens
