@@ -78,8 +78,9 @@ def sample(per_family: int, families: tuple[str, ...] = CORPUS_FAMILIES) -> list
     return out
 
 
-def _families(arg: str | None) -> tuple[str, ...]:
-    """``--families``: a comma list, or by default every family whose sample both sides labelled."""
+def _families(arg: str | None, per_family: int) -> tuple[str, ...]:
+    """``--families``: a comma list, or by default every family whose sample (its first
+    ``per_family`` tasks) both sides labelled."""
     if arg:
         unknown = set(arg.split(",")) - set(CORPUS_FAMILIES)
         if unknown:
@@ -87,7 +88,7 @@ def _families(arg: str | None) -> tuple[str, ...]:
         return tuple(arg.split(","))
     ref = labels()
     return tuple(f for f in CORPUS_FAMILIES
-                 if all({"edge", "cloud"} <= set(ref.get(t.id, {})) for t in load_corpus([f])[:4]))
+                 if all({"edge", "cloud"} <= set(ref.get(t.id, {})) for t in load_corpus([f])[:per_family]))
 
 
 def _read(path: Path) -> dict[str, dict[str, Any]]:
@@ -134,7 +135,7 @@ def cmd_run(args: argparse.Namespace) -> None:
     out = Path(args.out_dir) / f"{args.name}.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     done = _read(out)
-    tasks = [t for t in sample(args.per_family, _families(args.families)) if t.id not in done]
+    tasks = [t for t in sample(args.per_family, _families(args.families, args.per_family)) if t.id not in done]
     edge = LlamaCppBackend(args.edge_model, n_ctx=args.ctx)
     cloud = LocalCloud(args.cloud_model, n_ctx=args.ctx)
     config = {"collab": collab, "fallback": {"max_retries": 0}}
@@ -178,7 +179,7 @@ def cmd_live(args: argparse.Namespace) -> None:
     from edgecloud.testing import LatencyProxy
     from faults import ServeProcess
 
-    tasks = sample(args.per_family, _families(args.families))
+    tasks = sample(args.per_family, _families(args.families, args.per_family))
     modes = args.modes.split(",")
     out: dict[str, Any] = {"tasks": len(tasks), "per_family": args.per_family, "rtt": {}}
     server = ServeProcess(CLOUD_MODEL, api_key="sk-live", ctx=args.ctx).start()
@@ -352,7 +353,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     prices = Prices()
     ref = labels()
     runs = {p.stem: list(_read(p).values()) for p in sorted(RUNS.glob("*.jsonl"))}
-    families = _families(args.families)
+    families = _families(args.families, args.per_family)
     tasks = sample(args.per_family, families)
     ids = {t.id for t in tasks}
     runs = {n: [r for r in rows if r["id"] in ids] for n, rows in runs.items()}

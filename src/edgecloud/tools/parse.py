@@ -227,17 +227,18 @@ class ToolCallParser:
                 self._live = _Streamed(len(self.calls), self._names)
             self._pieces.extend(self._live.feed(body))
 
-    def _ended(self, body: str, call: ToolCall | None) -> ToolCall | None:
-        """The call whose text was ``body`` (``call``: as parsed), recorded; the streamed one when its
-        pieces went out (then it is not a whole call to send again: None)."""
+    def _ended(self, body: str, call: ToolCall | None) -> list[ToolCall] | None:
+        """The call whose text was ``body`` (``call``: as parsed), recorded: the whole calls to send
+        (none when it streamed: its pieces went out), or None when ``body`` was no call."""
         live, self._live = self._live, None
         if live is not None and live.started:
             self._pieces.extend(live.feed(body))
             self.calls.append(live.call(body))
+            return []
+        if call is None:
             return None
-        if call is not None:
-            self.calls.append(call)
-        return call
+        self.calls.append(call)
+        return [call]
 
     def deltas(self, calls: list[ToolCall]) -> list[ToolCallDelta]:
         """The ``tool_calls`` deltas to send now: the streamed pieces written since the last time,
@@ -267,13 +268,12 @@ class ToolCallParser:
                     break
                 body, self._buffer = self._buffer[:end], self._buffer[end + len(CLOSE):]
                 self._in_call = False
-                before = len(self.calls)
-                call = self._ended(body, parse_call(body))
-                if len(self.calls) == before:
+                sent = self._ended(body, parse_call(body))
+                if sent is None:
                     text.append(self._text(OPEN + body + CLOSE))
                 else:
                     self._space, self._after_call = "", True
-                    found.extend([call] if call is not None else [])
+                    found.extend(sent)
                 continue
             start = self._buffer.find(OPEN)
             if start >= 0:
@@ -294,17 +294,15 @@ class ToolCallParser:
             self._opening = "no"
             bare = _bare_call(rest, self._names)
             body = rest[_FENCE.match(rest).end():]  # type: ignore[union-attr]
-            before = len(self.calls)
-            call = self._ended(body, bare[0] if bare is not None else None)
-            if len(self.calls) > before:
-                return (bare[1] if bare is not None else ""), [call] if call is not None else []
+            sent = self._ended(body, bare[0] if bare is not None else None)
+            if sent is not None:
+                return (bare[1] if bare is not None else ""), sent
         if self._in_call:
             self._in_call = False
-            before = len(self.calls)
-            call = self._ended(rest, parse_call(rest))
-            if len(self.calls) > before:
+            sent = self._ended(rest, parse_call(rest))
+            if sent is not None:
                 self._space = ""
-                return "", [call] if call is not None else []
+                return "", sent
             return self._text(OPEN + rest), []
         text = self._text(rest)
         if not self.calls and self._space:  # an answer of text only keeps its whitespace
