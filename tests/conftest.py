@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,9 @@ from edgecloud.store import resolve_model
 # The test machine has no route to model hubs: fail hub lookups at once instead of after
 # huggingface_hub's connection retries (it is importable once transformers is installed).
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Clients built by tests keep their saved KV states (the disk tier) in a folder of this run, not
+# in the user's cache, and start every run without states from the last one.
+os.environ.setdefault("EDGECLOUD_CACHE__DIR", tempfile.mkdtemp(prefix="edgecloud-test-kv-"))
 
 SMOLLM2 = "smollm2-135m-instruct-q4"
 QWEN05 = "qwen2.5-coder-0.5b-instruct-q4"

@@ -31,6 +31,7 @@ from .errors import BackendError, BackendUnavailableError
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
 if TYPE_CHECKING:
+    from .config import CacheSettings
     from .runtime.scoring import Scored, TokenScore, TokenSession
 
 __all__ = [
@@ -139,9 +140,11 @@ class Backend(ABC):
         """Yield chunks for ``request``; closing the iterator stops generation."""
 
     @classmethod
-    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this") -> Backend:
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
+               cache: CacheSettings | None = None, kv_events: Callable[[str, str], None] | None = None) -> Backend:
         """Build this backend from the client's settings (``edge_model``, ``n_ctx``, the device
-        profile): how :func:`edgecloud.registry.make_edge_backend` makes an edge runtime."""
+        profile, the ``[cache]`` tiers a runtime that saves KV states honours, and where to
+        report their events): how :func:`edgecloud.registry.make_edge_backend` makes an edge runtime."""
         return cls(model, n_ctx=n_ctx, device=device)  # type: ignore[call-arg]
 
     def complete(self, request: ChatRequest) -> ChatCompletion:

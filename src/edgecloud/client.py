@@ -7,6 +7,10 @@ falls back between them (also mid-stream), and prices it. Answers have the ``ope
 client's shapes plus ``route`` (target, backend, reason, score, fallbacks) and ``cost``; in a
 stream every chunk carries the current ``route`` and the last one ``usage`` and ``cost``.
 
+``EdgeCloud(session="name")`` makes every request continue that conversation's saved KV
+(``prompt_cache_key``), in this process or the next: a restarted app's next turn does not
+recompute its history (``usage.prompt_tokens_details.cached_tokens`` says how much it reused).
+
 Configuration comes from the arguments, then ``EDGECLOUD_*`` environment variables, then
 ``edgecloud.toml`` (see :mod:`edgecloud.config`)::
 
@@ -27,7 +31,8 @@ from .hybrid import Hybrid, settings_from
 from .observability.client_metrics import ClientMetrics
 from .router.policy import RoutePolicy
 from .store.catalogue import DEFAULT_MODEL
-from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, collect_chunks
+from .errors import InvalidRequestError
+from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, check_session_name, collect_chunks
 
 __all__ = ["AsyncChatStream", "AsyncEdgeCloud", "ChatStream", "DEFAULT_EDGE_MODEL", "EdgeCloud"]
 
@@ -55,6 +60,7 @@ class _BaseEdgeCloud:
         device: str = "this",
         edge_runtime: str | None = None,
         collab: str | None = None,
+        session: str | None = None,
     ) -> None:
         overrides: dict[str, Any] = {
             "cloud_base_url": [cloud_base_url] if isinstance(cloud_base_url, str) else cloud_base_url,
@@ -69,6 +75,14 @@ class _BaseEdgeCloud:
         if edge_model is not _UNSET:  # None is meaningful here: no edge model at all
             settings = settings.model_copy(update={"edge_model": None if edge_model is None else str(edge_model)})
         self.settings = settings
+        if session is not None:
+            try:
+                check_session_name(session)
+            except ValueError as exc:
+                raise InvalidRequestError(f"invalid 'session': {exc}", param="session") from None
+        #: The conversation every request continues unless it names its own ``prompt_cache_key``:
+        #: its KV is saved (RAM, disk) after each answer and found again, also after a restart.
+        self.session = session
         self.hybrid = Hybrid(settings, edge_backend=edge_backend, cloud_backends=cloud_backends, policy=policy,
                              metrics=metrics, tracer_provider=tracer_provider, device=device)
 
@@ -88,6 +102,8 @@ class _BaseEdgeCloud:
 
     def _build(self, messages: Sequence[ChatMessage | Mapping[str, Any]], **params: Any) -> ChatRequest:
         fields = {k: v for k, v in params.items() if v is not None}
+        if self.session is not None:
+            fields.setdefault("prompt_cache_key", self.session)
         request = ChatRequest(messages=[m if isinstance(m, ChatMessage) else dict(m) for m in messages], **fields)
         self.hybrid.check(request)
         return request

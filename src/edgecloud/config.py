@@ -121,6 +121,26 @@ class Prices(_Section):
     )
 
 
+class CacheSettings(_Section):
+    """Where the edge keeps saved KV states: a RAM tier and a disk tier that outlives the process
+    (a conversation's next turn after a restart loads its KV instead of recomputing it)."""
+
+    ram_mib: int = Field(256, ge=0, description="RAM tier: MiB of saved KV states of the edge model (0: off).")
+    disk_mib: int = Field(2048, ge=0, description="Disk tier: MiB of KV state files under `dir`, all models "
+                                                 "together; never exceeded (0: off).")
+    dir: str | None = Field(None, description="Folder of the disk tier (default: `kv` under the edgecloud cache, "
+                                              "$EDGECLOUD_HOME or ~/.cache/edgecloud).",
+                            examples=["~/.cache/edgecloud/kv"])
+
+    def folder(self) -> Path:
+        """The disk tier's folder (``dir`` or the default under the edgecloud cache)."""
+        if self.dir:
+            return Path(self.dir).expanduser()
+        from .store.cache import home_dir
+
+        return home_dir() / "kv"
+
+
 class RouterSettings(_Section):
     """How a request picks the edge or the cloud (see :mod:`edgecloud.router.policy`)."""
 
@@ -259,6 +279,7 @@ class EdgeCloudSettings(BaseSettings):
     fallback: FallbackSettings = Field(default_factory=FallbackSettings, description="Failures and fallback.")
     prices: Prices = Field(default_factory=Prices, description="Prices for cost reporting.")
     collab: CollabSettings = Field(default_factory=CollabSettings, description="Edge-cloud collaboration per answer.")
+    cache: CacheSettings = Field(default_factory=CacheSettings, description="Saved KV states of the edge (RAM, disk).")
 
     @classmethod
     def settings_customise_sources(
@@ -304,6 +325,7 @@ class EdgeCloudSettings(BaseSettings):
 
 _SECTIONS: dict[str, type[BaseModel]] = {
     "router": RouterSettings, "fallback": FallbackSettings, "prices": Prices, "collab": CollabSettings,
+    "cache": CacheSettings,
 }
 _SECRETS = {"cloud_api_key"}
 

@@ -11,10 +11,11 @@ builds itself from the settings with :meth:`~edgecloud.backend.Backend.create`.
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
 from importlib.metadata import entry_points
 
 from .backend import Backend
-from .config import EDGE_RUNTIME_ENTRY_POINTS, EDGE_RUNTIMES, edge_runtime_names
+from .config import EDGE_RUNTIME_ENTRY_POINTS, EDGE_RUNTIMES, CacheSettings, edge_runtime_names
 from .errors import ConfigError
 
 __all__ = ["EDGE_BACKENDS", "edge_backend_class", "make_edge_backend"]
@@ -44,10 +45,11 @@ def edge_backend_class(runtime: str) -> type[Backend]:
     return loaded
 
 
-def make_edge_backend(runtime: str, model: str, *, n_ctx: int | None = None, device: str = "this") -> Backend:
+def make_edge_backend(runtime: str, model: str, *, n_ctx: int | None = None, device: str = "this",
+                      cache: CacheSettings | None = None, kv_events: Callable[[str, str], None] | None = None) -> Backend:
     """The edge backend for ``runtime``; nothing heavy is imported before it is asked for.
 
     ``model`` is a catalogue name or GGUF path, or for ``onnx`` an ``edgecloud export onnx`` folder
     (checked here, so a folder that is not an export fails before anything loads).
     """
-    return edge_backend_class(runtime).create(model, n_ctx=n_ctx, device=device)
+    return edge_backend_class(runtime).create(model, n_ctx=n_ctx, device=device, cache=cache, kv_events=kv_events)

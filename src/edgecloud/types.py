@@ -119,6 +119,19 @@ def check_text(text: str) -> str:
     return text
 
 
+def check_session_name(name: str) -> str:
+    """A session name or ``prompt_cache_key``: 1..128 printable characters, none of them a path
+    separator (ValueError otherwise; names become state files)."""
+    if not 1 <= len(name) <= MAX_SESSION_NAME:
+        raise ValueError(f"must be 1 to {MAX_SESSION_NAME} characters, got {len(name)}")
+    bad = sorted({c for c in name if c in "/\\" or not c.isprintable()})
+    if bad or name in (".", ".."):
+        shown = ", ".join(repr(c) for c in bad) or repr(name)
+        raise ValueError(f"{shown} may not appear in a session name (no path separators or control characters); "
+                         "use letters, digits and -_.:@")
+    return check_text(name)
+
+
 def check_stop(stop: Any) -> Any:
     """OpenAI's ``stop``: ``None``, a non-empty string, or a list of up to 4 non-empty strings (ValueError otherwise)."""
     if stop is None or (isinstance(stop, str) and stop):
@@ -256,7 +269,9 @@ class SpeculativeOptions(_Validated):
 #: Most tokens one request may bias (OpenAI's own limit is 300).
 MAX_LOGIT_BIAS = 300
 #: OpenAI request fields that mean nothing for these models or this server: accepted, ignored.
-IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier")
+IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "safety_identifier")
+#: Longest session name / ``prompt_cache_key`` accepted.
+MAX_SESSION_NAME = 128
 #: OpenAI request fields edgecloud does not implement (yet): refused with a 400 that says so.
 UNSUPPORTED_FIELDS: dict[str, str] = {
     "functions": "the legacy 'functions' field is not supported; send the functions as 'tools' "
@@ -326,8 +341,10 @@ class ChatRequest(_Validated):
     metadata: dict[str, Text] | None = None
     service_tier: Text | None = None
     reasoning_effort: Text | None = None
-    prompt_cache_key: Text | None = None
     safety_identifier: Text | None = None
+    #: OpenAI's cache routing key; here the session whose saved KV this request continues (the
+    #: edge finds it by token prefix anyway; the key finds it first and names its state file).
+    prompt_cache_key: str | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens (benchmarks, load tests).
     ignore_eos: bool = False
     #: vLLM's extension: the last message is a partial assistant answer to continue (no new
@@ -388,6 +405,11 @@ class ChatRequest(_Validated):
         if isinstance(messages, list) and not messages:
             raise ValueError("messages must hold at least one message")
         return messages
+
+    @field_validator("prompt_cache_key")
+    @classmethod
+    def _session_name(cls, key: str | None) -> str | None:
+        return None if key is None else check_session_name(key)
 
     @field_validator("n")
     @classmethod

@@ -12,7 +12,9 @@ share of answer tokens the cloud wrote.
 onnx (an ``edgecloud export onnx`` folder, given as ``--model DIR``, run by onnxruntime-genai).
 ``--tools FILE.json`` offers the model tools that run on this machine
 (:mod:`edgecloud.cli.chat_tools`): each call runs, its result goes back to the model, and the
-calls are shown on stderr as they happen.
+calls are shown on stderr as they happen. ``--session NAME`` resumes a conversation after the CLI
+was closed (:mod:`edgecloud.cli.chat_session`): its history is read back and its KV loaded from
+the edge's disk tier, so the next turn does not recompute what was said.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..errors import EdgeCloudError
 from ..store import resolve_model
 from ..tools.spec import ToolCall
 from ..types import ChatCompletionChunk, ChatMessage, RouteInfo, Usage
+from .chat_session import check_name, load_history, save_history
 from .chat_tools import MAX_ROUNDS, LocalTool, load_tools, run_call, shown_arguments
 
 DEFAULT_MODEL = DEFAULT_EDGE_MODEL
@@ -191,6 +194,10 @@ def chat_command(
         None, "--tools", help="JSON list of tools the model may call, each with the 'run' command that computes it "
                               "(see examples/tools/tools.json).",
     ),
+    session: str | None = typer.Option(
+        None, "--session", help="Keep this conversation under NAME: the next `edgecloud chat --session NAME` resumes "
+                                "it (history and KV), also after the CLI was closed.",
+    ),
 ) -> None:
     """Chat: on this machine, or routed per question between it and a cloud endpoint."""
     err = Console(stderr=True)
@@ -201,8 +208,10 @@ def chat_command(
                                  param_hint="--backend")
     try:
         tools = load_tools(tools_file) if tools_file is not None else {}
+        saved = load_history(check_name(session)) if session is not None else []
         client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
-                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend, collab=collab)
+                           cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend, collab=collab,
+                           session=session)
         if backend in _FOLDER_MODELS:
             client.edge  # an ONNX folder that is not an export fails here, with the other set-up errors
     except EdgeCloudError as exc:
@@ -225,13 +234,18 @@ def chat_command(
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
     history: list[ChatMessage] = [ChatMessage(role="system", content=system)] if system else []
+    if saved:
+        history = saved
+        turns = sum(m.role == "user" for m in saved)
+        err.print(f"resumed session {session!r}: {turns} turns", style="dim", soft_wrap=True, markup=False)
+    keep = (lambda messages: save_history(session, messages)) if session is not None else (lambda messages: None)
     params = {"max_tokens": max_tokens, "temperature": temperature, "seed": seed, "route": route,
               "tools": [t.spec for t in tools.values()] or None}
     with client:  # the client built the edge runtime, so it closes it
         if prompt is not None:
-            _one_shot(client, history, prompt, params, tools, err)
+            _one_shot(client, history, prompt, params, tools, err, keep)
         else:
-            _repl(client, history, model, params, tools, err)
+            _repl(client, history, model, params, tools, err, keep)
 
 
 def _totals(client: EdgeCloud) -> str:
@@ -245,16 +259,17 @@ def _totals(client: EdgeCloud) -> str:
 
 def _one_shot(
     client: EdgeCloud, history: list[ChatMessage], prompt: str, params: dict[str, Any], tools: dict[str, LocalTool],
-    err: Console,
+    err: Console, keep: Callable[[list[ChatMessage]], None],
 ) -> None:
     try:
         messages = [*history, ChatMessage(role="user", content=prompt)]
         write = lambda t, side: (sys.stdout.write(t), sys.stdout.flush())  # noqa: E731 - stdout: the answer only
-        _, stats = answer_turn(client, messages, params, write, tools,
-                               lambda line: err.print(line, style="dim", soft_wrap=True, markup=False))
+        answer, stats = answer_turn(client, messages, params, write, tools,
+                                    lambda line: err.print(line, style="dim", soft_wrap=True, markup=False))
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None
+    keep([*messages, ChatMessage(role="assistant", content=answer)])
     sys.stdout.write("\n")
     sys.stdout.flush()
     err.print(f"[dim]{stats.line()}[/dim]", soft_wrap=True)
@@ -262,7 +277,7 @@ def _one_shot(
 
 def _repl(
     client: EdgeCloud, history: list[ChatMessage], model: str, params: dict[str, Any], tools: dict[str, LocalTool],
-    err: Console,
+    err: Console, keep: Callable[[list[ChatMessage]], None],
 ) -> None:
     out = Console(highlight=False)
     where = "on this device" if not client.settings.cloud_base_url else f"routed: {model} ⇄ {client.settings.cloud_model}"
@@ -284,6 +299,7 @@ def _repl(
             return
         if text == "/reset":
             history[:] = [m for m in history if m.role == "system"]
+            keep(history)
             out.print("[dim]conversation cleared[/dim]")
             continue
         if text == "/stats":
@@ -309,3 +325,4 @@ def _repl(
             out.print("[dim](stopped)[/dim]")
         out.print(f"[dim]{last.line()}[/dim]", soft_wrap=True)
         history.append(ChatMessage(role="assistant", content=answer))
+        keep(history)

@@ -11,11 +11,13 @@ OpenAI-shaped stream and the edge's latency budget need it:
   temperature / top-p / penalties / seed go through a llama.cpp sampler chain; each token
   then goes to :class:`~edgecloud.runtime.chunks.AnswerChunks` (end-of-generation, logprobs as a
   log-softmax of the same logits when asked, whole UTF-8 characters, stop strings held back);
-- prefix KV reuse: only the suffix after the longest common prefix with the tokens already
-  in the llama.cpp context is evaluated; a conversation about to be overwritten is saved
-  (llama.cpp's per-sequence state API) into a byte-bounded LRU
-  (:mod:`edgecloud.runtime.prefix_cache`) so alternating chats resume without recomputing;
-  the template's fixed prefix (default system prompt) is evaluated at load time, so even
+- prefix KV reuse in tiers (:mod:`edgecloud.runtime.kv_tiers`): only the suffix after the
+  longest common prefix with the tokens already in the llama.cpp context is evaluated; a
+  conversation about to be overwritten is saved (llama.cpp's per-sequence state API) into a
+  byte-bounded RAM LRU so alternating chats resume without recomputing; states evicted from
+  RAM, and each answered context (always for a session, ``prompt_cache_key``; otherwise from
+  a few hundred tokens), are written to the disk tier in the background, so the next turn
+  after a restart loads its KV instead of recomputing it; the template's fixed prefix (default system prompt) is evaluated at load time, so even
   the first question skips it; and after an answer, idle time (while the user reads and
   types) is used to evaluate the next turn's header (end of the answer, the user-turn
   markers), so a chat's n-th turn prefills no more than its first.
@@ -30,13 +32,12 @@ are not thread-safe); a second caller waits for the first stream to finish or be
 
 from __future__ import annotations
 
-import ctypes
 import math
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -47,12 +48,17 @@ from ..runtime.chunks import AnswerChunks, answer_budget, log_partition, top_tok
 from ..runtime.gguf import read_gguf_spec
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
 from ..runtime.llamacpp_sampler import make_sampler
-from ..runtime.prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
+from ..runtime.kv_disk import KVEvents, StateKey
+from ..runtime.kv_tiers import KVTierCounts, LlamaKVTiers
+from ..runtime.prefix_cache import PrefixCache, common_prefix_len_np
 from ..runtime.sampling import SamplingParams, sampling_params
 from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.stats import RuntimeStats
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+
+if TYPE_CHECKING:
+    from ..config import CacheSettings
 from .memory import plan as plan_memory
 
 __all__ = [
@@ -66,9 +72,6 @@ __all__ = [
 #: 256 MiB holds ~21k tokens of KV for the 0.5B model at f16 (12 KiB/token), i.e. a few dozen
 #: saved conversations, at a fraction of the device memory the model itself takes.
 DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
-#: Only save the context before overwriting it when at least this many tokens would be lost;
-#: a chat's next turn drops a token or two of the last answer, which is not worth a copy.
-STASH_MIN_TOKENS = 16
 #: After an answer, wait this long for a follow-up request before using the idle time to
 #: evaluate the next turn's header; back-to-back requests never pay for it.
 PREFETCH_GRACE_S = 0.1
@@ -91,13 +94,10 @@ _UNQUANTIZED_KV = {"f32", "f16", "bf16"}
 
 
 @dataclass
-class LlamaCppStats(RuntimeStats):
-    """Counters since load: what was served and how much prefix reuse saved."""
+class LlamaCppStats(RuntimeStats, KVTierCounts):
+    """Counters since load: what was served and how much prefix reuse saved (restores and saves
+    per tier: :class:`~edgecloud.runtime.kv_tiers.KVTierCounts`)."""
 
-    #: Saved states restored from the prefix LRU.
-    restores: int = 0
-    #: Context states saved into the prefix LRU.
-    saves: int = 0
     #: Tokens of the next turn's header evaluated in idle time after an answer.
     prefetched_tokens: int = 0
 
@@ -118,7 +118,9 @@ class LlamaCppBackend(TemplatedBackend):
     ``model`` is a catalogue name (pulled and verified by :func:`edgecloud.store.resolve_model`)
     or a local ``.gguf`` path. ``n_ctx`` / ``kv_cache_type`` override the memory planner's
     choice for ``device``; ``n_threads`` defaults to the physical cores. ``prefix_cache_bytes``
-    bounds the LRU of saved KV states (0 disables the LRU; the live context is still reused);
+    bounds the RAM LRU of saved KV states (0 disables the LRU; the live context is still reused);
+    ``disk_cache_bytes`` the disk tier under ``cache_dir`` (0, the default here, disables it; the
+    client's settings turn it on: ``[cache]``); ``kv_events(tier, event)`` hears of cache events;
     ``reuse_prefix=False`` turns all prefix reuse off (every request is evaluated from
     scratch, for benchmarks). ``flash_attn`` overrides the plan's attention kernel choice
     (a quantized KV cache always uses flash attention). llama.cpp's logging is silenced
@@ -140,6 +142,9 @@ class LlamaCppBackend(TemplatedBackend):
         n_threads: int | None = None,
         kv_cache_type: str | None = None,
         prefix_cache_bytes: int = DEFAULT_PREFIX_CACHE_BYTES,
+        disk_cache_bytes: int = 0,
+        cache_dir: str | Path | None = None,
+        kv_events: KVEvents | None = None,
         reuse_prefix: bool = True,
         flash_attn: bool | None = None,
         verbose: bool = False,
@@ -150,8 +155,10 @@ class LlamaCppBackend(TemplatedBackend):
             raise ConfigError(f"n_threads must be at least 1, got {n_threads}")
         if kv_cache_type is not None and kv_cache_type.lower() not in KV_CACHE_TYPES:
             raise ConfigError(f"unknown kv_cache_type {kv_cache_type!r}; use one of {', '.join(KV_CACHE_TYPES)}")
-        if prefix_cache_bytes < 0:
-            raise ConfigError("prefix_cache_bytes must be >= 0")
+        if prefix_cache_bytes < 0 or disk_cache_bytes < 0:
+            raise ConfigError("prefix_cache_bytes and disk_cache_bytes must be >= 0")
+        if disk_cache_bytes > 0 and cache_dir is None:
+            raise ConfigError("a disk tier needs cache_dir (the folder its states are written to)")
         self.model = model
         self.model_name = Path(model).stem if isinstance(model, Path) or str(model).endswith(".gguf") else str(model)
         self.device = device
@@ -161,13 +168,16 @@ class LlamaCppBackend(TemplatedBackend):
         self._n_threads = n_threads
         self._kv_cache_type = kv_cache_type.lower() if kv_cache_type else None
         self._flash_attn = flash_attn
-        self._cache = PrefixCache(prefix_cache_bytes) if reuse_prefix and prefix_cache_bytes > 0 else None
+        self._kv = LlamaKVTiers(prefix_cache_bytes if reuse_prefix else 0, disk_cache_bytes if reuse_prefix else 0,
+                                cache_dir, events=kv_events)
         super().__init__()
         #: Requests started so far; a prefetch job is stale once this moves on.
         self._started = 0
-        self._prefetch_job: tuple[int, list[dict[str, str]]] | None = None
+        self._prefetch_job: tuple[int, list[dict[str, str]], str | None] | None = None
         self._prefetch_wake = threading.Condition()
         self._prefetch_thread: threading.Thread | None = None
+        #: The last answer's session, until its context is queued for the disk tier.
+        self._unsaved: tuple[str | None] | None = None
         self._llm: Any = None
         self._lib: Any = None
         self._template: ChatTemplate | None = None
@@ -177,6 +187,15 @@ class LlamaCppBackend(TemplatedBackend):
         self.llama_kwargs: dict[str, Any] = {}
         self.n_ctx: int = 0
         self.stats = LlamaCppStats()
+
+    @classmethod
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
+               cache: CacheSettings | None = None, kv_events: KVEvents | None = None) -> LlamaCppBackend:
+        """From the client's settings, with the ``[cache]`` tiers (RAM and disk)."""
+        if cache is None:
+            return cls(model, n_ctx=n_ctx, device=device, kv_events=kv_events)
+        return cls(model, n_ctx=n_ctx, device=device, prefix_cache_bytes=cache.ram_mib * 2**20,
+                   disk_cache_bytes=cache.disk_mib * 2**20, cache_dir=cache.folder(), kv_events=kv_events)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -204,20 +223,31 @@ class LlamaCppBackend(TemplatedBackend):
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
-        """The LRU of saved KV states (None when disabled)."""
-        return self._cache
+        """The RAM LRU of saved KV states (None when disabled)."""
+        return self._kv.ram
+
+    @property
+    def kv_tiers(self) -> LlamaKVTiers:
+        """The RAM and disk tiers of saved KV states."""
+        return self._kv
+
+    def flush_kv(self) -> None:
+        """Wait until the states queued for the disk tier are written."""
+        self._kv.flush()
 
     def clear_prefix_cache(self) -> None:
-        """Forget every saved state and the live context (the next request starts cold)."""
+        """Forget every state saved in RAM and the live context (the next request starts cold
+        unless the disk tier holds its prefix)."""
         with self._serving():
-            if self._cache is not None:
-                self._cache.clear()
+            self._kv.clear()
             if self._llm is not None:
                 self._forget_context()
 
     def _free(self) -> None:
-        if self._cache is not None:
-            self._cache.clear()
+        if self._llm is not None and self._unsaved is not None:  # the last answer's context, before it goes
+            self._kv.persist(self._unsaved[0])
+        self._unsaved = None
+        self._kv.close()
         llm, self._llm = self._llm, None
         if llm is not None:
             llm.close()
@@ -248,8 +278,20 @@ class LlamaCppBackend(TemplatedBackend):
         )
         self._pieces = {}
         self.stats = LlamaCppStats()
+        self._kv.counts = self.stats
+        self._kv.attach(lib, llm, self._state_key(lib, path, kwargs))
         self._warm_fixed_prefix()
         return llm
+
+    def _state_key(self, lib: Any, path: Path, kwargs: dict[str, Any]) -> StateKey:
+        """What a saved state must match to be loaded here (the disk tier refuses anything else)."""
+        if self._kv.ram is None and not self.reuse_prefix:
+            return StateKey("", "", 0, "")
+        from ..store.cache import known_sha256
+
+        kv_type = f"{kwargs.get('type_k', 1)}/{kwargs.get('type_v', 1)}"
+        return StateKey(model_sha256=known_sha256(path), runtime=f"llama-cpp-python {lib.__version__}",
+                        n_ctx=self.n_ctx, kv_type=kv_type)
 
     def _plan_llama_kwargs(self, path: Path) -> dict[str, Any]:
         """Context size, batch and KV settings: the memory plan, then explicit overrides."""
@@ -290,8 +332,7 @@ class LlamaCppBackend(TemplatedBackend):
             return
         self._forget_context()
         self._llm.eval(prefix)
-        if self._cache is not None:
-            self._save_context(pinned=True)
+        self._kv.save(pinned=True)
 
     # ------------------------------------------------------------------ tokens and KV
 
@@ -311,59 +352,15 @@ class LlamaCppBackend(TemplatedBackend):
         return piece
 
     def _forget_context(self) -> None:
-        # data=False: mark every cell free without zeroing the buffers (a memset of the whole
-        # n_ctx cache would cost tens of ms per cold request).
-        self._llm.n_tokens = 0
-        memory = self._lib.llama_get_memory(self._llm.ctx)
-        if memory is not None:
-            self._lib.llama_memory_clear(memory, False)
+        self._kv.forget()
 
-    def _save_context(self, *, pinned: bool = False) -> None:
-        """Copy the live context's KV (exactly its tokens) into the prefix LRU."""
-        llm, lib = self._llm, self._lib
-        n = llm.n_tokens
-        if n == 0 or self._cache is None:
-            return
-        tokens = llm.input_ids[:n].copy()
-        if self._cache.holds(tokens):
-            return
-        llm._ctx.kv_cache_seq_rm(0, n, -1)
-        size = lib.llama_state_seq_get_size(llm.ctx, 0)
-        if size == 0 or size > self._cache.capacity_bytes:
-            return
-        buf = (ctypes.c_uint8 * size)()
-        written = lib.llama_state_seq_get_data(llm.ctx, buf, size, 0)
-        if written and self._cache.put(SavedPrefix(tokens=tokens, state=buf, nbytes=int(written), pinned=pinned)):
-            self.stats.saves += 1
-
-    def _restore(self, entry: SavedPrefix) -> bool:
-        """Load a saved state into the context; False (context emptied) if llama.cpp refuses."""
-        llm = self._llm
-        self._forget_context()
-        if self._lib.llama_state_seq_set_data(llm.ctx, entry.state, entry.nbytes, 0) == 0:
-            self._forget_context()
-            return False
-        n = len(entry.tokens)
-        llm.input_ids[:n] = entry.tokens
-        llm.n_tokens = n
-        self.stats.restores += 1
-        return True
-
-    def _prefill(self, prompt: list[int]) -> int:
-        """Make the context hold ``prompt`` with logits for its last token; return reused count."""
+    def _prefill(self, prompt: list[int], session: str | None = None) -> int:
+        """Make the context hold ``prompt`` with logits for its last token; return reused count
+        (from the live context, the RAM tier or the disk tier, whichever holds the most)."""
         llm = self._llm
         reuse = 0
         if self.reuse_prefix:
-            arr = np.asarray(prompt, dtype=np.intc)
-            n_live = llm.n_tokens
-            reuse = common_prefix_len_np(llm.input_ids[:n_live], arr)
-            if self._cache is not None:
-                entry, n_saved = self._cache.best_match(arr)
-                if n_live - reuse >= STASH_MIN_TOKENS:
-                    self._save_context()
-                if entry is not None and n_saved > reuse:
-                    reuse = n_saved if self._restore(entry) else 0
-                    self._cache.touch(entry)
+            reuse = self._kv.reuse(prompt, session)
             # At least one prompt token is evaluated: its logits pick the first answer token.
             reuse = min(reuse, len(prompt) - 1)
         if reuse <= 0 or not llm._ctx.kv_cache_seq_rm(0, reuse, -1):
@@ -373,8 +370,9 @@ class LlamaCppBackend(TemplatedBackend):
         llm.eval(prompt[reuse:])
         return reuse
 
-    def _schedule_prefetch(self, history: list[dict[str, str]]) -> None:
-        """After an answer: evaluate the next user turn's header while the user reads and types.
+    def _schedule_prefetch(self, history: list[dict[str, str]], session: str | None = None) -> None:
+        """After an answer: evaluate the next user turn's header while the user reads and types,
+        then queue the context for the disk tier (a ``session``'s always).
 
         Runs on a worker thread once the stream has released the context, and only when no
         other request started within :data:`PREFETCH_GRACE_S`; so a chat's n-th turn costs
@@ -382,8 +380,9 @@ class LlamaCppBackend(TemplatedBackend):
         """
         if not self.reuse_prefix:
             return
+        self._unsaved = (session,)
         with self._prefetch_wake:
-            self._prefetch_job = (self._started, history)
+            self._prefetch_job = (self._started, history, session)
             self._prefetch_wake.notify_all()
         if self._prefetch_thread is None:
             self._prefetch_thread = threading.Thread(
@@ -403,7 +402,7 @@ class LlamaCppBackend(TemplatedBackend):
                 job, self._prefetch_job = self._prefetch_job, None
             if job is None:
                 continue
-            started, history = job
+            started, history, session = job
             with self._lock:
                 if self._closed or self._llm is None or started != self._started:
                     continue
@@ -411,6 +410,9 @@ class LlamaCppBackend(TemplatedBackend):
                     self._extend_context(history)
                 except Exception:  # noqa: BLE001 - an optimisation; the next request re-evaluates
                     self._forget_context()
+                    continue
+                self._kv.persist(session)
+                self._unsaved = None
 
     def _extend_context(self, history: list[dict[str, str]]) -> None:
         assert self._template is not None
@@ -575,7 +577,7 @@ class LlamaCppBackend(TemplatedBackend):
     ) -> Iterator[ChatCompletionChunk]:
         lib, vocab, ctx, n_vocab = self._lib, self._vocab, llm.ctx, self._n_vocab
         want_logits = sampler is None or request.logprobs
-        cached = self._prefill(prompt)
+        cached = self._prefill(prompt, request.prompt_cache_key)
         stats = self.stats
         stats.started(len(prompt), cached)
         route = RouteInfo(target="edge", backend=self.name, reason=f"on device ({self.device}) with llama.cpp")
@@ -597,5 +599,5 @@ class LlamaCppBackend(TemplatedBackend):
             history = [*messages[:-1], {"role": "assistant", "content": messages[-1]["content"] + answer.text}]
         else:
             history = [*messages, {"role": "assistant", "content": answer.text}]
-        self._schedule_prefetch(history)
+        self._schedule_prefetch(history, request.prompt_cache_key)
         yield from finish

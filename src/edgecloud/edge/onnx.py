@@ -139,7 +139,8 @@ class OnnxBackend(TemplatedBackend):
     supports_stop = True
 
     @classmethod
-    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this") -> OnnxBackend:
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
+               cache: Any = None, kv_events: Any = None) -> OnnxBackend:
         """From the client's settings; a folder that is not an ``edgecloud export onnx`` fails here,
         before anything loads."""
         load_manifest(model)

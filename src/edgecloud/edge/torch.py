@@ -135,7 +135,8 @@ class TorchBackend(SerialBackend):
     supports_stop = True
 
     @classmethod
-    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this") -> TorchBackend:
+    def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
+               cache: Any = None, kv_events: Any = None) -> TorchBackend:
         """From the client's settings: the torch device is picked here (``device`` names a memory
         profile for the other runtimes, not a torch device)."""
         return cls(model, n_ctx=n_ctx)

@@ -18,7 +18,13 @@ name                                                   kind       labels
 ``edgecloud:client_cost_usd_total``                    counter    ``target``
 ``edgecloud:client_cloud_equivalent_usd_total``        counter    (none)
 ``edgecloud:client_saved_usd_total``                   counter    (none)
+``edgecloud:kv_cache_events_total``                    counter    ``tier``, ``event``
 =====================================================  =========  ===========================
+
+``kv_cache_events_total`` counts the edge runtime's saved KV states: ``tier`` ``ram`` or
+``disk``; ``event`` ``hit``, ``miss``, ``save``, ``evict`` or a fault that was recovered by
+recomputing (``corrupt``, ``foreign``, ``stale``, ``read_error``, ``write_error``, ``too_large``,
+``refused``).
 
 Label values must stay few: ``reason`` and ``cause`` take a *kind* - a short snake_case word
 such as ``pinned``, ``privacy``, ``pii``, ``context``, ``unavailable``, ``score``,
@@ -97,6 +103,10 @@ class ClientMetrics:
             PREFIX + "collab_tokens", "Answer tokens of collaborative answers, by the side that wrote them.", ["side"],
             registry=r,
         )
+        self.kv_cache_events = Counter(
+            PREFIX + "kv_cache_events", "Saved KV states of the edge runtime, by tier and event.", ["tier", "event"],
+            registry=r,
+        )
         for side in _TARGETS:  # present (at 0) from the start, as scrapers expect
             self.collab_tokens.labels(side)
             self.cost.labels(side)
@@ -112,6 +122,10 @@ class ClientMetrics:
     def fallback(self, from_: str, to: str, cause: str) -> None:
         """A request switched from one side to the other; ``cause`` is a kind such as ``timeout``."""
         self.fallbacks.labels(_kind(from_), _kind(to), _kind(cause)).inc()
+
+    def kv_cache_event(self, tier: str, event: str) -> None:
+        """One event of the edge's KV tiers (``tier`` ram/disk; ``event`` hit, save, corrupt ...)."""
+        self.kv_cache_events.labels(_kind(tier), _kind(event)).inc()
 
     def collab_span(self, mode: str, outcome: str) -> None:
         """One cloud request inside a collaborative answer ended (``outcome``: line, budget, finished, failed ...)."""

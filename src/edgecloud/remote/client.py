@@ -109,7 +109,7 @@ __all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend", "RetryPolicy"]
 _FINISH_REASONS = frozenset(get_args(FinishReason))
 # Set on the request by the sender, never copied from the caller's request.
 _NOT_FORWARDED = {"route", "privacy", "collab", "model", "stream", "stream_options", "max_completion_tokens",
-                  "store", "metadata", "service_tier", "reasoning_effort", "prompt_cache_key", "safety_identifier"}
+                  "store", "metadata", "service_tier", "reasoning_effort", "safety_identifier"}
 _STREAM_HEADERS = {"Accept": "text/event-stream"}
 # In-band error events rarely carry a status; their OpenAI ``type`` says which one it would be.
 _STATUS_OF_TYPE = {

@@ -6,22 +6,27 @@ for the entry sharing the longest common prefix with a new prompt: restoring tha
 truncating it to the common prefix replaces recomputing those tokens. The cache knows
 nothing about llama.cpp; a state is an opaque object whose size the runtime reports.
 
-Policy: least-recently-used entries go first, pinned entries (the warm system prompt) only
-when nothing else is left; an entry whose tokens are a prefix of a newly saved one is
-dropped, since the new entry serves every prompt the old one did.
+Policy: the entry of least value goes first, value = tokens (the compute restoring it saves)
+x recency (halved for every :data:`RECENCY_HALF_LIFE` uses of other entries since its last);
+pinned entries (the warm system prompt) only when nothing else is left. An entry whose tokens
+are a prefix of a newly saved one is dropped, since the new entry serves every prompt the old
+one did. ``on_evict`` hears of the entries evicted for room (the next tier keeps them).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["PrefixCache", "SavedPrefix", "common_prefix_len_np"]
+__all__ = ["PrefixCache", "SavedPrefix", "common_prefix_len_np", "RECENCY_HALF_LIFE"]
+
+#: An entry's value halves for every this many uses of other entries since its own last use.
+RECENCY_HALF_LIFE = 4
 
 
 def common_prefix_len_np(a: npt.NDArray[np.intc], b: npt.NDArray[np.intc]) -> int:
@@ -42,17 +47,21 @@ class SavedPrefix:
     nbytes: int
     pinned: bool = False
     hits: int = field(default=0)
+    #: The cache's use counter when this entry was last saved or used.
+    last_used: int = field(default=0)
 
 
 class PrefixCache:
     """LRU of :class:`SavedPrefix` bounded by the sum of their ``nbytes``."""
 
-    def __init__(self, capacity_bytes: int) -> None:
+    def __init__(self, capacity_bytes: int, on_evict: Callable[[SavedPrefix], None] | None = None) -> None:
         if capacity_bytes < 0:
             raise ValueError("prefix cache capacity must be >= 0 bytes")
         self.capacity_bytes = capacity_bytes
         self._entries: OrderedDict[int, SavedPrefix] = OrderedDict()
         self.nbytes = 0
+        self._on_evict = on_evict
+        self._clock = 0
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -85,6 +94,11 @@ class PrefixCache:
         if key in self._entries:
             self._entries.move_to_end(key)
             entry.hits += 1
+            self._clock += 1
+            entry.last_used = self._clock
+
+    def _value(self, entry: SavedPrefix) -> float:
+        return len(entry.tokens) * 0.5 ** ((self._clock - entry.last_used) / RECENCY_HALF_LIFE)
 
     def put(self, entry: SavedPrefix) -> bool:
         """Store ``entry``, evicting as needed; False when it alone exceeds the capacity."""
@@ -97,10 +111,13 @@ class PrefixCache:
             if covered and not old.pinned:
                 self._remove(old)
         while self.nbytes + entry.nbytes > self.capacity_bytes:
-            victim = next((e for e in self._entries.values() if not e.pinned), None)
-            if victim is None:
-                victim = next(iter(self._entries.values()))
+            unpinned = [e for e in self._entries.values() if not e.pinned]
+            victim = min(unpinned, key=self._value) if unpinned else next(iter(self._entries.values()))
             self._remove(victim)
+            if self._on_evict is not None:
+                self._on_evict(victim)
+        self._clock += 1
+        entry.last_used = self._clock
         self._entries[id(entry)] = entry
         self.nbytes += entry.nbytes
         return True

@@ -11,9 +11,9 @@ answer's chunks back into a ``response`` object, or into the Responses stream's 
 SDK's default model class, which speaks this API, runs against ``edgecloud serve`` unchanged.
 
 Served: messages (``role`` + ``content`` as text or ``input_text`` / ``output_text`` parts),
-``function_call`` and ``function_call_output`` items, function tools. Accepted and ignored:
-``store``, ``metadata``, ``truncation``, ``reasoning``, ``user``, ``service_tier``,
-``prompt_cache_key``, ``safety_identifier``, ``prompt_cache_retention``, ``include`` (empty, or
+``function_call`` and ``function_call_output`` items, function tools, ``prompt_cache_key`` (the session whose saved KV the
+answer continues). Accepted and ignored:
+``store``, ``metadata``, ``truncation``, ``reasoning``, ``user``, ``service_tier``, ``safety_identifier``, ``prompt_cache_retention``, ``include`` (empty, or
 output-text logprobs). Anything else this server cannot do (other tool types, image or file
 parts, ``background``, ``conversation``, stored ``prompt`` templates) is a 400 naming the field.
 """
@@ -197,6 +197,7 @@ def chat_request(body: ResponsesRequest, history: list[dict[str, Any]]) -> tuple
         "parallel_tool_calls": body.parallel_tool_calls, "max_tokens": body.max_output_tokens,
         "temperature": body.temperature, "top_p": body.top_p, "response_format": _format(body.text),
         "logprobs": bool(body.include and body.top_logprobs is not None) or None, "top_logprobs": body.top_logprobs,
+        "prompt_cache_key": body.prompt_cache_key,
     }
     try:
         request = ChatRequest(**{k: v for k, v in fields.items() if v is not None})

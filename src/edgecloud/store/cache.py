@@ -24,6 +24,7 @@ __all__ = [
     "models_dir",
     "model_file",
     "sha256_file",
+    "known_sha256",
     "stat_identity",
     "record_verified",
     "is_recorded_verified",
@@ -88,6 +89,35 @@ def is_recorded_verified(path: Path, sha256: str) -> bool:
         )
     except (OSError, ValueError):
         return False
+
+
+def known_sha256(path: Path) -> str:
+    """``path``'s sha256 without re-reading it when avoidable: from its verified sidecar (catalogue
+    models) or a record under ``<home>/hashes`` kept by stat identity, else hashed now and recorded."""
+    path = Path(path).resolve()
+    try:
+        record = json.loads(_sidecar(path).read_text(encoding="utf-8"))
+        if all(record.get(k) == v for k, v in stat_identity(path).items()):
+            return str(record["sha256"])
+    except (OSError, ValueError, KeyError):
+        pass
+    store = home_dir() / "hashes" / (hashlib.sha256(str(path).encode()).hexdigest()[:24] + ".json")
+    identity = stat_identity(path)
+    try:
+        record = json.loads(store.read_text(encoding="utf-8"))
+        if record.get("path") == str(path) and all(record.get(k) == v for k, v in identity.items()):
+            return str(record["sha256"])
+    except (OSError, ValueError, KeyError):
+        pass
+    digest = sha256_file(path)
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({"path": str(path), "sha256": digest, **identity}), encoding="utf-8")
+        os.replace(tmp, store)
+    except OSError:
+        pass  # a read-only cache: hash again next time
+    return digest
 
 
 def forget_verified(path: Path) -> None:
