@@ -124,7 +124,9 @@ class DiskTier:
         self._events = events
         self._lock = threading.Lock()
         self._index: dict[Path, DiskEntry] = {}
-        self._scanned = False
+        #: The folder's mtime when it was last listed (None: never): files other processes add or
+        #: remove change it, and the next lookup lists it again.
+        self._listed: int | None = None
 
     # ------------------------------------------------------------------ index
 
@@ -169,14 +171,21 @@ class DiskTier:
         return entry
 
     def _scan(self) -> None:
-        if self._scanned:
-            return
-        self._scanned = True
         try:
-            paths = sorted(self.folder.glob("*.kv"))
+            mtime = self.folder.stat().st_mtime_ns
+        except OSError:
+            self._index.clear()
+            return
+        if mtime == self._listed:
+            return
+        self._listed = mtime
+        try:
+            paths = set(self.folder.glob("*.kv"))
         except OSError:
             return
-        for path in paths:
+        for gone in set(self._index) - paths:
+            del self._index[gone]
+        for path in sorted(paths - set(self._index)):
             self._index_file(path)
 
     def _discard(self, path: Path, event: str, why: str) -> None:
