@@ -35,7 +35,8 @@ if TYPE_CHECKING:
     from .runtime.scoring import Scored, TokenScore, TokenSession
 
 __all__ = [
-    "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "TemplatedBackend", "Verifier",
+    "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "SessionBackend", "TemplatedBackend",
+    "Verifier",
     "aclose_stream",
     "close_stream", "iterate_in_worker",
 ]
@@ -275,6 +276,19 @@ class TemplatedBackend(SerialBackend):
     def _encode_chat(self, messages: list[dict[str, Any]], *, continue_final: bool = False,
                      tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt's token ids (called with the runtime loaded and the lock held)."""
+
+
+@runtime_checkable
+class SessionBackend(Protocol):
+    """A runtime whose KV can be saved to disk and restored by session name (llama.cpp)."""
+
+    def save_session(self, session: str | None = None) -> int:
+        """Write the live context's KV under ``session`` now; the tokens saved."""
+        ...
+
+    def restore_session(self, session: str) -> int:
+        """Load ``session``'s saved KV into the context now; the tokens restored."""
+        ...
 
 
 @runtime_checkable

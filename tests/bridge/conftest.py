@@ -92,3 +92,9 @@ def long_chat(max_tokens: int = 200) -> dict[str, Any]:
 @pytest.fixture()
 def long_chat_params() -> Callable[..., dict[str, Any]]:
     return long_chat
+
+
+@pytest.fixture()
+def host_for() -> Callable[[Bridge], Host]:
+    """A :class:`Host` for a Bridge a test builds itself."""
+    return Host

@@ -27,7 +27,7 @@ def _refs(node: Any) -> list[str]:
 def test_schema_names_every_method_and_notification_and_every_ref_resolves() -> None:
     doc = schema()
     assert list(doc["x-methods"]) == ["initialize", "chat.create", "chat.cancel", "models.list", "models.pull",
-                                      "plan", "shutdown"]
+                                      "plan", "session.save", "session.restore", "shutdown"]
     assert set(doc["x-notifications"]) == {"chat.delta", "models.pull.progress"}
     assert doc["x-methods"]["chat.create"]["notifications"] == ["chat.delta"]
     refs = _refs(doc)

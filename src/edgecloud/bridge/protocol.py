@@ -21,6 +21,14 @@ Methods (request ``params`` → ``result``):
   :class:`PullResult`, with ``models.pull.progress`` notifications (bytes done / total; a
   model already in the cache reports done at once).
 - ``plan`` :class:`PlanParams` → :class:`PlanResult` (the memory planner's answer).
+- ``session.save`` :class:`SessionParams` ``{session}`` → :class:`SessionResult`: the edge's live KV
+  is written to disk under that name now (call it when the app goes to the background: a
+  killed app's next turn then loads it instead of recomputing the conversation);
+  ``session.restore`` ``{session}`` → :class:`SessionResult`: that session's KV is loaded now
+  (call it when the app comes back, so the next turn starts at once). ``tokens`` says how many
+  were saved / restored (0: nothing to save, none saved, or an edge runtime without KV files).
+  ``initialize``'s ``session`` makes every ``chat.create`` without a ``prompt_cache_key``
+  continue that session.
 - ``shutdown`` → ``{}``: in-flight requests are cancelled, later ones refused (``-32600``);
   over stdio the process then exits 0.
 
@@ -39,12 +47,12 @@ from dataclasses import MISSING
 from enum import IntEnum
 from typing import Any, Literal, Optional, Union, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model, field_validator
 from pydantic.json_schema import models_json_schema
 
 from ..edge.memory import MemoryPlan
 from ..tools.spec import ToolCall
-from ..types import ChatRequest, CostInfo, FinishReason, RouteInfo, Usage, _Validated
+from ..types import ChatRequest, CostInfo, FinishReason, RouteInfo, Usage, _Validated, check_session_name
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -56,6 +64,8 @@ __all__ = [
     "ErrorResponse",
     "ErrorObject",
     "InitializeParams",
+    "SessionParams",
+    "SessionResult",
     "InitializeResult",
     "ChatCreateParams",
     "ChatResult",
@@ -152,6 +162,13 @@ class InitializeParams(_Validated):
     client_version: Optional[str] = None
     #: The protocol version the host was written for (informational).
     protocol_version: Optional[str] = None
+    #: The conversation every ``chat.create`` continues unless it names its own ``prompt_cache_key``.
+    session: Optional[str] = None
+
+    @field_validator("session")
+    @classmethod
+    def _session_name(cls, name: Optional[str]) -> Optional[str]:
+        return None if name is None else check_session_name(name)
 
 
 class Capabilities(BaseModel):
@@ -179,6 +196,22 @@ class ChatCreateParams(ChatRequest):
     """The ChatRequest fields. ``stream`` defaults to true: ``false`` sends no ``chat.delta``."""
 
     stream: bool = True
+
+
+class SessionParams(_Validated):
+    #: The session (default: ``initialize``'s ``session``).
+    session: Optional[str] = None
+
+    @field_validator("session")
+    @classmethod
+    def _session_name(cls, name: Optional[str]) -> Optional[str]:
+        return None if name is None else check_session_name(name)
+
+
+class SessionResult(BaseModel):
+    session: Optional[str]
+    #: Tokens of KV saved / restored (0: none).
+    tokens: int
 
 
 class ChatResult(BaseModel):
@@ -285,6 +318,8 @@ METHODS: dict[str, MethodSpec] = {
     "models.list": MethodSpec(params=NoParams, result=ModelsListResult),
     "models.pull": MethodSpec(params=PullParams, result=PullResult, notifications=("models.pull.progress",)),
     "plan": MethodSpec(params=PlanParams, result=PlanResult),
+    "session.save": MethodSpec(params=SessionParams, result=SessionResult),
+    "session.restore": MethodSpec(params=SessionParams, result=SessionResult),
     "shutdown": MethodSpec(params=NoParams, result=EmptyResult),
 }
 

@@ -39,6 +39,7 @@ from pydantic import BaseModel
 
 from .. import store
 from .._version import __version__
+from ..backend import SessionBackend
 from ..client import EdgeCloud
 from ..edge.memory import plan as plan_memory
 from ..errors import BackendUnavailableError, EdgeCloudError, InvalidRequestError
@@ -60,6 +61,7 @@ from .protocol import (
     PullProgress,
     PullResult,
     RequestId,
+    SessionResult,
 )
 
 __all__ = ["Bridge", "Emit", "DEFAULT_MAX_LINE_BYTES"]
@@ -145,8 +147,10 @@ class Bridge:
         self._handlers: dict[str, Callable[[_Call], BaseModel]] = {
             "initialize": self._initialize, "chat.create": self._chat, "chat.cancel": self._cancel,
             "models.list": self._models_list, "models.pull": self._models_pull, "plan": self._plan,
-            "shutdown": self._shutdown,
+            "session.save": self._session_save, "session.restore": self._session_restore, "shutdown": self._shutdown,
         }
+        #: ``initialize``'s session: the default ``prompt_cache_key`` of ``chat.create``.
+        self._session: str | None = None
         self._calls: dict[RequestId, _Call] = {}
         # Re-entrant: a host's emit callback may call handle() (e.g. cancel on the first delta).
         self._lock = threading.RLock()  # the in-flight table and the accepting flag
@@ -305,6 +309,7 @@ class Bridge:
     # ------------------------------------------------------------------ methods
 
     def _initialize(self, call: _Call) -> InitializeResult:
+        self._session = call.params.session
         settings = self._get_client().settings
         urls = [str(u) for u in settings.cloud_base_url]
         return InitializeResult(
@@ -317,6 +322,8 @@ class Bridge:
     def _chat(self, call: _Call) -> ChatResult:
         params = call.params
         fields = params.model_dump(exclude_unset=True, exclude={"messages", "stream"})
+        if self._session is not None:
+            fields.setdefault("prompt_cache_key", self._session)
         messages = [m.model_dump(exclude_none=True) for m in params.messages]
         client = self._get_client()
         if call.cancelled.is_set():
@@ -382,6 +389,22 @@ class Bridge:
     def _plan(self, call: _Call) -> PlanResult:
         p = call.params
         return PlanResult(**plan_memory(p.model, p.device, p.ctx, kv_cache_type=p.kv_cache_type).to_dict())
+
+    def _session_backend(self) -> SessionBackend | None:
+        edge = self._get_client().edge
+        return edge if isinstance(edge, SessionBackend) else None
+
+    def _session_save(self, call: _Call) -> SessionResult:
+        name = call.params.session or self._session
+        edge = self._session_backend()
+        return SessionResult(session=name, tokens=edge.save_session(name) if edge is not None else 0)
+
+    def _session_restore(self, call: _Call) -> SessionResult:
+        name = call.params.session or self._session
+        if name is None:
+            raise InvalidRequestError("name the session to restore (or set one in initialize)", param="session")
+        edge = self._session_backend()
+        return SessionResult(session=name, tokens=edge.restore_session(name) if edge is not None else 0)
 
     def _shutdown(self, call: _Call) -> EmptyResult:
         with self._lock:

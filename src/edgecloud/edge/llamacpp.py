@@ -235,6 +235,25 @@ class LlamaCppBackend(TemplatedBackend):
         """Wait until the states queued for the disk tier are written."""
         self._kv.flush()
 
+    def save_session(self, session: str | None = None) -> int:
+        """Write the live context's KV to the disk tier now, under ``session``, and wait for it (a
+        mobile host calls this when the app goes to the background); the tokens saved."""
+        with self._serving():
+            if self._llm is None or self._llm.n_tokens == 0:
+                return 0
+            n = self._llm.n_tokens
+            saved = self._kv.persist(session, min_tokens=1)
+            self._unsaved = None
+        self._kv.flush()
+        return n if saved else 0
+
+    def restore_session(self, session: str) -> int:
+        """Load ``session``'s saved KV into the context now (loading the model if need be), so the
+        next turn starts at once (a host calls this when the app comes back); the tokens restored."""
+        with self._serving():
+            self._ensure_loaded()
+            return self._kv.restore_session(session)
+
     def clear_prefix_cache(self) -> None:
         """Forget every state saved in RAM and the live context (the next request starts cold
         unless the disk tier holds its prefix)."""

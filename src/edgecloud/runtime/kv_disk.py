@@ -216,22 +216,33 @@ class DiskTier:
         arr = np.asarray(tokens, dtype=np.intc)
         with self._lock:
             self._scan()
-            if session is not None:  # another process may have written it since the scan
-                path = self.folder / session_file_name(session)
-                known = self._index.get(path)
-                try:
-                    mtime = path.stat().st_mtime_ns
-                except OSError:
-                    mtime = None
-                    self._index.pop(path, None)
-                if mtime is not None and (known is None or known.mtime_ns != mtime):
-                    self._index_file(path)
+            if session is not None:
+                self._session_entry(session)
             best, best_len = None, 0
             for entry in self._index.values():
                 n = common_prefix_len_np(entry.tokens, arr)
                 if n > best_len:
                     best, best_len = entry, n
             return best, best_len
+
+    def _session_entry(self, session: str) -> DiskEntry | None:
+        # another process may have written it since the folder was listed
+        path = self.folder / session_file_name(session)
+        known = self._index.get(path)
+        try:
+            mtime = path.stat().st_mtime_ns
+        except OSError:
+            self._index.pop(path, None)
+            return None
+        if known is None or known.mtime_ns != mtime:
+            return self._index_file(path)
+        return known
+
+    def session_entry(self, session: str) -> DiskEntry | None:
+        """Session ``session``'s state, if one is saved."""
+        with self._lock:
+            self._scan()
+            return self._session_entry(session)
 
     def load(self, entry: DiskEntry) -> bytearray | None:
         """``entry``'s payload after checking it, or None (the file is discarded, the caller recomputes)."""

@@ -234,6 +234,18 @@ class LlamaKVTiers:
         self.counts.disk_restores += 1
         return n_disk
 
+    def restore_session(self, session: str) -> int:
+        """Load session ``session``'s saved state into the live context now (what the context held
+        goes to the RAM tier); the tokens restored, 0 when none is saved or it cannot be used."""
+        if self.disk is None:
+            return 0
+        entry = self.disk.session_entry(session)
+        if entry is None:
+            return 0
+        if self._llm.n_tokens >= STASH_MIN_TOKENS:
+            self.save()
+        return self._restore_from_disk(entry, len(entry.tokens), 0)
+
     def persist(self, session: str | None, *, min_tokens: int = PERSIST_MIN_TOKENS) -> bool:
         """Queue the live context for the disk (a session's always, others from ``min_tokens``)."""
         if self._writer is None or self._llm.n_tokens == 0:
@@ -257,9 +269,10 @@ class LlamaKVTiers:
             self.ram.clear()
 
     def close(self) -> None:
-        """Finish queued writes and drop the RAM tier."""
+        """Finish queued writes, drop the RAM tier and let go of the context."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None
         if self.ram is not None:
             self.ram.clear()
+        self._llm = self._lib = None
