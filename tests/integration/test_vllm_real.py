@@ -174,3 +174,22 @@ def test_the_default_checks_the_edges_doubts_with_vllm(vllm_url: str, smollm2_pa
     # no session: every round re-sends the prompt, so more input than the prompt and answer once
     assert cost.cloud_input_tokens >= route.cloud_calls * answer.usage.prompt_tokens
     assert answer.text.split()[:3] == cloud.text.split()[:3]
+
+
+def test_kv_offload_is_refused_by_name_where_this_vllm_cannot_do_it() -> None:
+    """The installed vLLM knows --kv-offloading-size, but on the CPU its native offloading has nowhere
+    to move KV to (vLLM itself fails at start-up, minutes in): refused before anything starts."""
+    python = _vllm_python()
+    found = find_vllm(python)
+    if found is None:
+        pytest.skip(_skip_reason())
+    assert "kv_offloading" in found.features
+    run = subprocess.run([sys.executable, "-m", "edgecloud", "serve", "--engine", "vllm", "--model", MODEL,
+                          "--vllm-python", python, "--kv-offload", "2"], capture_output=True, text=True, timeout=300)
+    if found.cpu:
+        assert run.returncode == 2 and "VLLM_CPU_KVCACHE_SPACE" in run.stderr
+    if "lmcache" not in found.features:
+        run = subprocess.run([sys.executable, "-m", "edgecloud", "serve", "--engine", "vllm", "--model", MODEL,
+                              "--vllm-python", python, "--kv-offload", "2", "--kv-offload-backend", "lmcache"],
+                             capture_output=True, text=True, timeout=300)
+        assert run.returncode == 2 and "pip install lmcache" in run.stderr

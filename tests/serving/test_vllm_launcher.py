@@ -98,12 +98,22 @@ def test_speculation_maps_onto_the_speculative_config() -> None:
         ({"ctx": 0}, "ctx", "at least 1"),
         ({"tensor_parallel_size": 0}, "tensor_parallel_size", "at least 1"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization", "fraction"),
+        ({"kv_offload_gib": 0}, "kv_offload", "above 0"),
+        ({"kv_offload_gib": 2, "kv_offload_backend": "disk"}, "kv_offload_backend", "native, lmcache"),
     ],
 )
 def test_options_vllm_lacks_or_bad_values_are_refused_by_name(kwargs: dict[str, object], param: str, says: str) -> None:
     with pytest.raises(InvalidRequestError, match=says) as info:
         VLLMSettings(HF_REPO, **kwargs)  # type: ignore[arg-type]
     assert info.value.param == param
+
+
+def test_kv_offload_maps_to_vllms_offloading_flags() -> None:
+    argv = command(VLLMSettings(HF_REPO, kv_offload_gib=4, tensor_parallel_size=1))
+    assert flag(argv, "--kv-offloading-backend") == "native" and flag(argv, "--kv-offloading-size") == "4"
+    argv = command(VLLMSettings(HF_REPO, kv_offload_gib=1.5, kv_offload_backend="lmcache", tensor_parallel_size=1))
+    assert flag(argv, "--kv-offloading-backend") == "lmcache" and flag(argv, "--kv-offloading-size") == "1.5"
+    assert "--kv-offloading-size" not in command(VLLMSettings(HF_REPO, tensor_parallel_size=1))
 
 
 def test_api_key_is_passed_but_never_printed() -> None:

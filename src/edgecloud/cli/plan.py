@@ -11,7 +11,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ..edge.device import device_names
-from ..edge.memory import KV_CACHE_TYPES, MemoryPlan, plan, plan_onnx
+from ..config import load_settings
+from ..edge.memory import KV_CACHE_TYPES, MemoryPlan, plan, plan_onnx, with_kv_tiers
 from ..errors import EdgeCloudError
 
 __all__ = ["plan_command"]
@@ -46,6 +47,8 @@ def plan_command(
     """Plan a model's memory on a device: weights, KV cache, compute buffers, and whether it fits."""
     try:
         result = _plan(model, device, ctx, kv_cache_type)
+        cache = load_settings().cache
+        result = with_kv_tiers(result, cache.ram_mib * _MiB, cache.disk_mib * _MiB, cache.folder())
     except EdgeCloudError as exc:
         typer.echo(f"edgecloud: error: {exc}", err=True)
         raise typer.Exit(2) from None
@@ -65,6 +68,16 @@ def plan_command(
     table.add_row("runtime overhead", _mib(result.overhead_bytes))
     table.add_row("total", _mib(result.total_bytes))
     table.add_row("budget", _mib(result.budget_bytes))
+    per_token = result.kv_bytes_per_token
+    if result.ram_tier_bytes:
+        table.add_row("saved KV in RAM", f"{_mib(result.ram_tier_bytes)} (~{result.ram_tier_bytes // max(1, per_token):,} "
+                                         "tokens; evicted to disk, outside the total)")
+    if result.disk_tier_bytes:
+        free = f", {_mib(result.disk_free_bytes)} free there" if result.disk_free_bytes is not None else ""
+        short = (result.disk_free_bytes is not None and result.disk_free_bytes < result.disk_tier_bytes)
+        table.add_row("saved KV on disk", f"{'[yellow]' if short else ''}{_mib(result.disk_tier_bytes)} "
+                                          f"(~{result.disk_tier_bytes // max(1, per_token):,} tokens{free})"
+                                          f"{'[/yellow]' if short else ''}")
     console = Console()
     console.print(table)
     console.print(result.reason)

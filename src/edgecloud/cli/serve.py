@@ -64,6 +64,13 @@ def serve_command(
     vllm_args: list[str] = typer.Option([], "--vllm-arg", help="vllm: one more vLLM flag, passed verbatim (repeat it; e.g. --vllm-arg=--enforce-eager)."),
     vllm_python: str | None = typer.Option(None, "--vllm-python", help="vllm: the Python whose environment has vLLM (default: $EDGECLOUD_VLLM_PYTHON, else this one)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="vllm: print the command instead of running it."),
+    kv_offload: float | None = typer.Option(
+        None, "--kv-offload", help="vllm: GiB of KV blocks offloaded out of GPU memory and reused from there "
+                                   "(vLLM's --kv-offloading-size; needs vLLM >= 0.11).",
+    ),
+    kv_offload_backend: str = typer.Option(
+        "native", "--kv-offload-backend", help="vllm: native (vLLM's CPU tier) or lmcache (LMCache, installed beside vLLM).",
+    ),
     draft_model: str | None = typer.Option(
         None, "--draft-model", help="A small model with the same tokenizer that drafts tokens (e.g. qwen2.5-coder-0.5b-instruct-q4)."
     ),
@@ -85,7 +92,7 @@ def serve_command(
         quant_config=quant_config, tensor_parallel_size=tensor_parallel_size, tokenizer=tokenizer,
         vllm_args=list(vllm_args), vllm_python=vllm_python, dry_run=dry_run, draft_model=draft_model, spec=spec,
         spec_k_max=spec_k_max, host=host, port=port, api_key=api_key or os.environ.get("EDGECLOUD_API_KEY"),
-        served_model_name=served_model_name,
+        served_model_name=served_model_name, kv_offload=kv_offload, kv_offload_backend=kv_offload_backend,
     )
     if options.spec_mode not in SPEC_MODES:
         raise _fail(f"unknown --spec {options.spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
@@ -99,6 +106,7 @@ def serve_command(
         "--quant-config": quant_config is not None, "--tensor-parallel-size": tensor_parallel_size is not None,
         "--tokenizer": tokenizer is not None, "--vllm-arg": bool(vllm_args), "--vllm-python": vllm_python is not None,
         "--dry-run": dry_run, "--draft-model": draft_model is not None, "--spec": spec is not None,
+        "--kv-offload": kv_offload is not None, "--kv-offload-backend": kv_offload_backend != "native",
     }
     try:
         chosen = ENGINES[_auto_engine(vllm_python) if engine == "auto" else engine]

@@ -29,8 +29,9 @@ and it is what lets llama.cpp quantize the V cache (q8_0 / q4_0).
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,7 @@ __all__ = [
     "DEFAULT_MAX_CONTEXT",
     "plan",
     "plan_memory",
+    "with_kv_tiers",
     "plan_onnx",
     "model_spec",
     "read_gguf_spec",
@@ -197,7 +199,17 @@ class MemoryPlan:
     n_batch: int = N_BATCH
     cpu_threads: int = 4
     model_path: str | None = None
+    #: The tiers of saved KV states (:func:`with_kv_tiers`): RAM, kept apart from ``total_bytes``
+    #: (its states are evicted to fit), and disk, with the free space where it lives.
+    ram_tier_bytes: int = 0
+    disk_tier_bytes: int = 0
+    disk_free_bytes: int | None = None
     spec: ModelSpec | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """KV bytes one token of context takes (what a saved state costs per token)."""
+        return self.kv_bytes // max(1, self.n_ctx)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able dict of the plan (without the spec)."""
@@ -228,6 +240,18 @@ class MemoryPlan:
             "offload_kqv": True,
             "n_threads": self.cpu_threads,
         }
+
+
+def with_kv_tiers(plan: MemoryPlan, ram_bytes: int, disk_bytes: int, disk_dir: str | os.PathLike[str] | None) -> MemoryPlan:
+    """``plan`` with the RAM and disk tiers of saved KV states counted (``edgecloud plan`` shows
+    them: how many tokens of conversation each holds, and whether the disk has the room)."""
+    free = None
+    if disk_dir is not None and disk_bytes > 0:
+        folder = Path(disk_dir).expanduser()
+        probe = next((p for p in (folder, *folder.parents) if p.exists()), None)
+        if probe is not None:
+            free = shutil.disk_usage(probe).free
+    return replace(plan, ram_tier_bytes=ram_bytes, disk_tier_bytes=disk_bytes, disk_free_bytes=free)
 
 
 def model_spec(name_or_path: str | os.PathLike[str] | ModelSpec) -> ModelSpec:

