@@ -280,3 +280,37 @@ def test_scoring_longer_than_a_batch_is_split(smollm2_path: Path, edge: LlamaCpp
         assert sum(diffs) / len(diffs) < 0.03 and max(diffs) < 0.3
         assert sum(a.argmax == b.argmax for a, b in zip(run, theirs)) >= 0.95 * len(run)
     assert nxt.token == their_next.token
+
+
+AGENT_SYSTEM = "You are an agent with tools for a warehouse. " + " ".join(
+    f"Tool {i}: moves pallet {i} from aisle {i % 9} to dock {i % 4}." for i in range(40))
+
+
+def _session(name: str, turn: str, before: list[dict[str, str]] | None = None) -> ChatRequest:
+    messages = before or [{"role": "system", "content": f"Session {name}. {AGENT_SYSTEM}"}]
+    return ChatRequest(messages=[*messages, {"role": "user", "content": turn}], max_tokens=8, temperature=0)
+
+
+@pytest.mark.parametrize("tier", ["ram", "disk"])
+def test_a_session_whose_slot_was_taken_gets_its_prefix_back(smollm2_path: Path, tmp_path: Path, tier: str) -> None:
+    # one slot, two agent sessions taking turns: each turn of one evicts the other's prefix
+    ram = 64 * 2**20 if tier == "ram" else 12 * 2**20  # "disk": RAM holds one state, the other spills
+    with LlamaCppEngineBackend(smollm2_path, n_ctx=1024, max_batch=1, kv_ram_bytes=ram, kv_disk_bytes=2**30,
+                               kv_dir=tmp_path) as engine:
+        a1 = engine.complete(_session("A", "Move pallet 3."))
+        engine.complete(_session("B", "Move pallet 5."))
+        engine.complete(_session("C", "Move pallet 7."))  # C evicts B, so RAM holds C and B (or B spilled)
+        engine.flush_kv()
+        history = [*_session("A", "Move pallet 3.").message_dicts(), {"role": "assistant", "content": a1.text}]
+        a2 = engine.complete(_session("A", "Now pallet 4.", history))
+        assert a2.usage is not None and a1.usage is not None
+        assert a2.usage.cached_tokens >= a1.usage.prompt_tokens - 1  # A's prefix came back, not recomputed
+        metrics = engine.metrics.render().decode()
+        if tier == "disk":
+            assert list(tmp_path.glob("*/*.kv"))
+            assert 'tier="disk"' in metrics and 'event="hit"' in metrics
+    with LlamaCppEngineBackend(smollm2_path, n_ctx=1024, max_batch=1) as plain:  # the same without a KV store
+        plain.complete(_session("A", "Move pallet 3."))
+        plain.complete(_session("B", "Move pallet 5."))
+        again = plain.complete(_session("A", "Now pallet 4.", history))
+        assert again.usage is not None and again.usage.cached_tokens < a1.usage.prompt_tokens // 2

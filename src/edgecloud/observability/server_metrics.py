@@ -43,6 +43,10 @@ With speculative decoding on (``edgecloud serve --spec ...``), vLLM's ``spec_dec
 
 Acceptance rate is ``accepted / draft_tokens``; mean acceptance length ``accepted / drafts``.
 
+With a KV store for the llama.cpp engine's slots (``edgecloud serve --kv-ram-mib``),
+``edgecloud:kv_cache_events_total{tier, event}`` counts its saves, hits, evictions and the
+faults it recovered from by recomputing (as the client's series of the same name).
+
 As in vLLM, the prefix-cache counters count tokens, so ``hits / queries`` is the hit rate.
 The scheduler calls the ``on_*`` hooks from its own thread; prometheus_client's metrics are
 thread-safe.
@@ -117,6 +121,10 @@ class ServerMetrics:
             registry=r,
         )
         self.spec_k = Gauge(PREFIX + "spec_decode_k", "Mean draft length chosen in the last step.", labels, registry=r)
+        self.kv_cache_events = Counter(
+            PREFIX + "kv_cache_events", "Saved KV of the engine's slots, by tier and event.", [*labels, "tier", "event"],
+            registry=r,
+        )
         self.engine_failures = Counter(
             PREFIX + "engine_failures", "Engine failures by scope (sequence, step, scheduler).", [*labels, "scope"],
             registry=r,
@@ -171,6 +179,10 @@ class ServerMetrics:
     def on_draft_failure(self, proposer: str) -> None:
         """The proposer raised; its sequences go on without speculation."""
         self.spec_failures.labels(self.model_name, proposer).inc()
+
+    def on_kv_event(self, tier: str, event: str) -> None:
+        """One event of the slots' KV store (``tier`` ram/disk; ``event`` save, hit, evict, corrupt ...)."""
+        self.kv_cache_events.labels(self.model_name, tier, event).inc()
 
     def on_engine_failure(self, scope: str) -> None:
         """The engine failed: one ``sequence``, a whole ``step``, or the ``scheduler`` loop."""

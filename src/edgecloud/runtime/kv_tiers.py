@@ -1,6 +1,7 @@
 """KV tiers for one llama.cpp context: the live context, a RAM LRU, and files on disk.
 
-This module owns :class:`LlamaKVTiers` and :class:`DiskWriter`. The llama.cpp runtimes (the
+This module owns :class:`LlamaKVTiers`, :class:`SlotKVStore` (the serving engine's slots) and
+:class:`DiskWriter`. The llama.cpp runtimes (the
 edge backend and the serving engine's slots) hand it their context; it saves and restores the
 KV of sequence 0 through llama.cpp's per-sequence state API:
 
@@ -32,7 +33,7 @@ import numpy.typing as npt
 from .kv_disk import DiskTier, KVEvents, StateKey
 from .prefix_cache import PrefixCache, SavedPrefix, common_prefix_len_np
 
-__all__ = ["DiskWriter", "KVTierCounts", "LlamaKVTiers", "PERSIST_MIN_TOKENS", "STASH_MIN_TOKENS"]
+__all__ = ["DiskWriter", "KVTierCounts", "LlamaKVTiers", "PERSIST_MIN_TOKENS", "STASH_MIN_TOKENS", "SlotKVStore"]
 
 logger = logging.getLogger("edgecloud.kv_cache")
 
@@ -276,3 +277,66 @@ class LlamaKVTiers:
         if self.ram is not None:
             self.ram.clear()
         self._llm = self._lib = None
+
+
+class SlotKVStore:
+    """Saved KV of the serving engine's slots: prefixes a slot is about to drop go to a RAM LRU
+    (and from there to disk when a disk tier is given), and a request whose prompt starts with
+    one is given it back instead of prefilling it. States are llama.cpp sequence states, so one
+    saved from one slot loads into any other."""
+
+    def __init__(self, ram_bytes: int, disk: DiskTier | None = None, events: KVEvents | None = None) -> None:
+        self._events = events
+        self.disk = disk
+        self._writer = DiskWriter(disk) if disk is not None else None
+        self.ram = PrefixCache(ram_bytes, on_evict=self._spill)
+        self.saves = self.restores = 0
+
+    def _event(self, tier: str, event: str) -> None:
+        if self._events is not None:
+            self._events(tier, event)
+
+    def _spill(self, entry: SavedPrefix) -> None:
+        self._event("ram", "evict")
+        if self._writer is not None:
+            self._writer.submit(entry.tokens, entry.state, entry.nbytes, None)
+
+    def keep(self, tokens: list[int], state: Any, nbytes: int) -> None:
+        """Save a slot's state of exactly ``tokens`` (about to be overwritten)."""
+        arr = np.asarray(tokens, dtype=np.intc)
+        if self.ram.holds(arr):
+            return
+        if self.ram.put(SavedPrefix(tokens=arr, state=state, nbytes=nbytes)):
+            self.saves += 1
+            self._event("ram", "save")
+        elif self._writer is not None:  # larger than the whole RAM tier: straight to disk
+            self._writer.submit(arr, state, nbytes, None)
+
+    def flush(self) -> None:
+        """Wait for queued disk writes."""
+        if self._writer is not None:
+            self._writer.flush()
+
+    def find(self, prompt: list[int], better_than: int) -> tuple[npt.NDArray[np.intc], Any, int] | None:
+        """The saved state sharing the longest prefix with ``prompt`` when it beats ``better_than``
+        tokens by :data:`DISK_MIN_GAIN`: (its tokens, state, bytes); None otherwise."""
+        arr = np.asarray(prompt, dtype=np.intc)
+        entry, n = self.ram.best_match(arr)
+        if entry is not None and n - better_than >= DISK_MIN_GAIN:
+            self.ram.touch(entry)
+            self._event("ram", "hit")
+            return entry.tokens, entry.state, entry.nbytes
+        if self.disk is not None:
+            found, n_disk = self.disk.best_match(arr)
+            if found is not None and n_disk - better_than >= DISK_MIN_GAIN:
+                payload = self.disk.load(found)
+                if payload is not None:
+                    return found.tokens, (ctypes.c_uint8 * len(payload)).from_buffer(payload), len(payload)
+        return None
+
+    def close(self) -> None:
+        """Finish the queued disk writes."""
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self.ram.clear()

@@ -16,6 +16,7 @@ does; greedy choices match that backend's except where batched arithmetic breaks
 
 from __future__ import annotations
 
+import ctypes
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
@@ -147,6 +148,23 @@ class MultiSeqContext:
     def forget(self, seq: int, start: int = 0) -> None:
         """Drop positions ``>= start`` of sequence ``seq``."""
         self._lib.llama_memory_seq_rm(self._memory, seq, start, -1)
+
+    def save_seq(self, seq: int) -> tuple[Any, int] | None:
+        """A copy of sequence ``seq``'s KV cells (llama.cpp's state format) and its size, or None."""
+        size = self._lib.llama_state_seq_get_size(self._ctx, seq)
+        if size == 0:
+            return None
+        buf = (ctypes.c_uint8 * size)()
+        written = int(self._lib.llama_state_seq_get_data(self._ctx, buf, size, seq))
+        return (buf, written) if written else None
+
+    def load_seq(self, seq: int, state: Any, nbytes: int) -> bool:
+        """Replace sequence ``seq``'s cells with a saved state (any sequence's); False if refused."""
+        self.forget(seq)
+        if self._lib.llama_state_seq_set_data(self._ctx, state, nbytes, seq) == 0:
+            self.forget(seq)
+            return False
+        return True
 
     def is_eog(self, token: int) -> bool:
         """Whether ``token`` ends generation."""

@@ -45,6 +45,10 @@ class ServeOptions:
     #: vllm: GiB of KV offloaded (``--kv-offloading-size``) and where to.
     kv_offload: float | None = None
     kv_offload_backend: str = "native"
+    #: llamacpp: MiB of dropped slot prefixes kept in RAM, and on disk under ``kv_dir``.
+    kv_ram_mib: int = 0
+    kv_disk_mib: int = 0
+    kv_dir: str | None = None
 
     @property
     def spec_mode(self) -> str:
@@ -78,7 +82,14 @@ def _llamacpp(o: ServeOptions) -> Backend:
 
     return LlamaCppEngineBackend(o.model, n_ctx=o.ctx, max_batch=o.max_batch, max_queue=o.queue, threads=o.threads,
                                  speculative=SpecConfig(mode=o.spec_mode, k_max=o.spec_k_max),  # type: ignore[arg-type]
-                                 draft_model=o.draft_model)
+                                 draft_model=o.draft_model, kv_ram_bytes=o.kv_ram_mib * 2**20,
+                                 kv_disk_bytes=o.kv_disk_mib * 2**20, kv_dir=o.kv_dir or _default_kv_dir())
+
+
+def _default_kv_dir() -> str:
+    from ..store.cache import home_dir
+
+    return str(home_dir() / "kv")
 
 
 def _torch(o: ServeOptions) -> Backend:
@@ -121,7 +132,8 @@ def _vllm(o: ServeOptions) -> int:
 _SPEC = frozenset({"--draft-model", "--spec", "--spec-k-max"})
 #: Every engine by name (``auto`` is chosen among them by :mod:`.engine_choice`).
 ENGINES: dict[str, Engine] = {
-    "llamacpp": Engine("llamacpp", _SPEC | {"--max-queue", "--threads"}, build=_llamacpp),
+    "llamacpp": Engine("llamacpp", _SPEC | {"--max-queue", "--threads", "--kv-ram-mib", "--kv-disk-mib", "--kv-dir"},
+                       build=_llamacpp),
     "torch": Engine("torch", _SPEC | {"--quant", "--max-queue", "--quant-config"}, build=_torch),
     "vllm": Engine("vllm", _SPEC | {"--quant", "--tensor-parallel-size", "--dry-run", "--tokenizer", "--vllm-arg",
                                     "--vllm-python", "--threads", "--kv-offload", "--kv-offload-backend"},

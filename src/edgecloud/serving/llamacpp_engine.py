@@ -47,6 +47,11 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
     the model's training context); ``max_batch`` slots decode together and up to ``max_queue``
     requests wait; ``n_batch`` caps the tokens of one decode step; ``threads`` defaults to the
     physical cores. ``speculative`` / ``draft_model`` as for the torch engine.
+
+    ``kv_ram_bytes`` keeps the prefixes slots drop (a session waiting for its next turn while
+    other requests take its slot) in RAM, up to that size, and gives them back to the next
+    request that starts with them; ``kv_disk_bytes`` lets that RAM tier spill to files under
+    ``kv_dir`` (:mod:`edgecloud.runtime.kv_tiers`). Both 0: a dropped prefix is recomputed.
     """
 
     name = "llamacpp-engine"
@@ -68,9 +73,20 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         speculative: SpecConfig | None = None,
         draft_model: str | Path | None = None,
+        kv_ram_bytes: int = 0,
+        kv_disk_bytes: int = 0,
+        kv_dir: str | Path | None = None,
         verbose: bool = False,
     ) -> None:
         super().__init__(model, n_ctx=n_ctx, max_batch=max_batch, max_queue=max_queue)
+        if kv_ram_bytes < 0 or kv_disk_bytes < 0:
+            raise ConfigError("kv_ram_bytes and kv_disk_bytes must be >= 0")
+        if kv_disk_bytes and not kv_ram_bytes:
+            raise ConfigError("the disk tier holds what the RAM tier evicts: give kv_ram_bytes too")
+        if kv_disk_bytes and kv_dir is None:
+            raise ConfigError("a disk tier needs kv_dir (the folder its states are written to)")
+        self.kv_ram_bytes, self.kv_disk_bytes, self.kv_dir = kv_ram_bytes, kv_disk_bytes, kv_dir
+        self._kv_store: Any = None
         if n_batch < max_batch + 1:
             raise ConfigError(f"n_batch must exceed max_batch ({max_batch}) so prompts make progress, got {n_batch}")
         if threads is not None and threads < 1:
@@ -119,9 +135,36 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
             metrics=self.metrics,
             max_prefill_tokens=self.max_prefill_tokens,
             speculator=self._speculator(tokenizer.vocab_size),
+            kv_store=self._make_kv_store(),
         )
 
+    def _make_kv_store(self) -> Any:
+        if not self.kv_ram_bytes:
+            return None
+        from ..runtime.kv_disk import DiskTier, StateKey
+        from ..runtime.kv_tiers import SlotKVStore
+        from ..store.cache import known_sha256
+
+        events = self.metrics.on_kv_event if self.metrics is not None else None
+        disk = None
+        if self.kv_disk_bytes:
+            import llama_cpp
+
+            key = StateKey(model_sha256=known_sha256(self.model_path), n_ctx=self._context.room, kv_type="1/1",
+                           runtime=f"llama-cpp-python {llama_cpp.__version__} engine")
+            disk = DiskTier(self.kv_dir, key, self.kv_disk_bytes, events=events)  # type: ignore[arg-type]
+        self._kv_store = SlotKVStore(self.kv_ram_bytes, disk, events=events)
+        return self._kv_store
+
+    def flush_kv(self) -> None:
+        """Wait until the slot prefixes queued for the disk tier are written."""
+        if self._kv_store is not None:
+            self._kv_store.flush()
+
     def _close_runtime(self) -> None:
+        store, self._kv_store = self._kv_store, None
+        if store is not None:
+            store.close()
         tokenizer, self._tokenizer = self._tokenizer, None
         context, self._context = self._context, None
         if tokenizer is not None:

@@ -50,6 +50,7 @@ from ..observability.server_metrics import ServerMetrics
 from ..runtime.chunks import log_partition, token_logprob, top_tokens
 from ..runtime.llamacpp_batch import MultiSeqContext
 from ..runtime.llamacpp_sampler import GreedyGrammarSampler
+from ..runtime.kv_tiers import SlotKVStore
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.sampling import SamplingParams
 from ..runtime.scoring import TokenScore
@@ -63,6 +64,8 @@ DEFAULT_MAX_PREFILL_TOKENS = 256
 #: Prompt tokens a cached prefix must save, beyond the slots within the running span, for a
 #: sequence to widen that span (module docstring: a wider span slows every step).
 SLOT_REUSE_MIN_TOKENS = 64
+#: A slot dropping at least this many tokens of KV keeps them in the engine's KV store (when it has one).
+SPILL_MIN_TOKENS = 128
 
 
 class LlamaSequence(BatchSequence):
@@ -113,6 +116,7 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         metrics: ServerMetrics | None = None,
         max_prefill_tokens: int = DEFAULT_MAX_PREFILL_TOKENS,
         speculator: Speculator | None = None,
+        kv_store: SlotKVStore | None = None,
     ) -> None:
         super().__init__(eog_ids=eog_ids, max_batch=context.n_seq, max_queue=max_queue, max_context=context.room,
                          metrics=metrics)
@@ -120,6 +124,8 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         self.piece = piece
         self.max_prefill_tokens = max(1, min(max_prefill_tokens, context.n_batch - context.n_seq))
         self.speculator = speculator
+        #: Where prefixes a slot drops are kept, and found again (None: dropped).
+        self.kv_store = kv_store
         self.slots = [_Slot(i) for i in range(context.n_seq)]
         self._calls: deque[tuple[Callable[[_Slot], Any], Future[Any], list[int] | None]] = deque()
         self._start()
@@ -211,6 +217,22 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         left to evaluate: its logits give the next token); returns its length."""
         arr = np.asarray(prompt, dtype=np.intc)
         keep = min(common_prefix_len_np(np.asarray(slot.tokens, dtype=np.intc), arr), len(prompt) - 1)
+        store = self.kv_store
+        if store is not None:
+            if len(slot.tokens) - keep >= SPILL_MIN_TOKENS:  # about to drop a prefix worth keeping
+                saved = self.context.save_seq(slot.index)
+                if saved is not None:
+                    store.keep(slot.tokens, *saved)
+            found = store.find(prompt, keep)
+            if found is not None:
+                tokens, state, nbytes = found
+                if len(tokens) <= self.context.room and self.context.load_seq(slot.index, state, nbytes):
+                    slot.tokens[:] = tokens.tolist()
+                    store.restores += 1
+                    keep = min(common_prefix_len_np(tokens, arr), len(prompt) - 1)
+                else:
+                    slot.tokens.clear()
+                    keep = 0
         if keep < len(slot.tokens):
             self.context.forget(slot.index, keep)
             del slot.tokens[keep:]
