@@ -25,6 +25,7 @@ ROOT = Path(edgecloud.__file__).resolve().parent
 RANKS: list[set[str]] = [
     {"_version", "errors"},
     {"tools"},
+    {"completion"},
     {"types"},
     {"store"},
     {"config"},

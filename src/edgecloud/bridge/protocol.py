@@ -47,12 +47,12 @@ from dataclasses import MISSING
 from enum import IntEnum
 from typing import Any, Literal, Optional, Union, get_type_hints
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, create_model
 from pydantic.json_schema import models_json_schema
 
 from ..edge.memory import MemoryPlan
 from ..tools.spec import ToolCall
-from ..types import ChatRequest, CostInfo, FinishReason, RouteInfo, Usage, _Validated, check_session_name
+from ..types import ChatRequest, CostInfo, FinishReason, RouteInfo, Usage, SessionName, _Validated
 
 __all__ = [
     "PROTOCOL_VERSION",
@@ -163,12 +163,7 @@ class InitializeParams(_Validated):
     #: The protocol version the host was written for (informational).
     protocol_version: Optional[str] = None
     #: The conversation every ``chat.create`` continues unless it names its own ``prompt_cache_key``.
-    session: Optional[str] = None
-
-    @field_validator("session")
-    @classmethod
-    def _session_name(cls, name: Optional[str]) -> Optional[str]:
-        return None if name is None else check_session_name(name)
+    session: Optional[SessionName] = None
 
 
 class Capabilities(BaseModel):
@@ -200,12 +195,7 @@ class ChatCreateParams(ChatRequest):
 
 class SessionParams(_Validated):
     #: The session (default: ``initialize``'s ``session``).
-    session: Optional[str] = None
-
-    @field_validator("session")
-    @classmethod
-    def _session_name(cls, name: Optional[str]) -> Optional[str]:
-        return None if name is None else check_session_name(name)
+    session: Optional[SessionName] = None
 
 
 class SessionResult(BaseModel):

@@ -298,14 +298,12 @@ class LlamaCppBackend(TemplatedBackend):
         self._pieces = {}
         self.stats = LlamaCppStats()
         self._kv.counts = self.stats
-        self._kv.attach(lib, llm, self._state_key(lib, path, kwargs))
+        self._kv.attach(lib, llm, lambda: self._state_key(lib, path, kwargs))
         self._warm_fixed_prefix()
         return llm
 
     def _state_key(self, lib: Any, path: Path, kwargs: dict[str, Any]) -> StateKey:
         """What a saved state must match to be loaded here (the disk tier refuses anything else)."""
-        if self._kv.ram is None and not self.reuse_prefix:
-            return StateKey("", "", 0, "")
         from ..store.cache import known_sha256
 
         kv_type = f"{kwargs.get('type_k', 1)}/{kwargs.get('type_v', 1)}"

@@ -33,6 +33,7 @@ process replaced): the event is logged, counted through ``events`` (tier ``disk`
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import json
 import logging
@@ -188,6 +189,11 @@ class DiskTier:
         for path in sorted(paths - set(self._index)):
             self._index_file(path)
 
+    def discard(self, entry: DiskEntry, event: str, why: str) -> None:
+        """Delete ``entry``'s file (a caller found it unusable: ``event`` names why, for the metric)."""
+        with self._lock:
+            self._discard(entry.path, event, why)
+
     def _discard(self, path: Path, event: str, why: str) -> None:
         self._index.pop(path, None)
         self._event(event, "discarding KV state %s (it will be recomputed): %s", path, why)
@@ -243,6 +249,13 @@ class DiskTier:
         with self._lock:
             self._scan()
             return self._session_entry(session)
+
+    def load_state(self, entry: DiskEntry) -> tuple[Any, int] | None:
+        """:meth:`load` as a ctypes byte array (what llama.cpp's state API takes) and its size."""
+        payload = self.load(entry)
+        if payload is None:
+            return None
+        return (ctypes.c_uint8 * len(payload)).from_buffer(payload), len(payload)
 
     def load(self, entry: DiskEntry) -> bytearray | None:
         """``entry``'s payload after checking it, or None (the file is discarded, the caller recomputes)."""

@@ -115,11 +115,12 @@ class LlamaKVTiers:
         self._llm: Any = None
         self.counts = KVTierCounts()
 
-    def attach(self, lib: Any, llm: Any, key: StateKey) -> None:
-        """Serve ``llm``'s context (after the model loaded); ``key`` says what its states fit."""
+    def attach(self, lib: Any, llm: Any, key: Callable[[], StateKey]) -> None:
+        """Serve ``llm``'s context (after the model loaded); ``key()`` says what its states fit
+        (asked only when there is a disk tier: it may hash the model file)."""
         self._lib, self._llm = lib, llm
         if self._disk_bytes > 0 and self._disk_dir is not None:
-            self.disk = DiskTier(self._disk_dir, key, self._disk_bytes, events=self._events)
+            self.disk = DiskTier(self._disk_dir, key(), self._disk_bytes, events=self._events)
             self._writer = DiskWriter(self.disk, on_saved=self._count_disk_save)
 
     def _count_disk_save(self) -> None:
@@ -224,13 +225,12 @@ class LlamaKVTiers:
 
     def _restore_from_disk(self, found: Any, n_disk: int, reuse: int) -> int:
         assert self.disk is not None
-        payload = self.disk.load(found)
-        if payload is None:
+        loaded = self.disk.load_state(found)
+        if loaded is None:
             return reuse  # discarded; the live context is untouched
-        state = (ctypes.c_uint8 * len(payload)).from_buffer(payload)
-        if not self._load_state(found.tokens, state, len(payload)):
+        if not self._load_state(found.tokens, *loaded):
             # llama.cpp refused a file that passed our checks: never keep it
-            self.disk._discard(found.path, "refused", "llama.cpp refused the state")
+            self.disk.discard(found, "refused", "llama.cpp refused the state")
             return 0
         self.counts.disk_restores += 1
         return n_disk
@@ -329,9 +329,9 @@ class SlotKVStore:
         if self.disk is not None:
             found, n_disk = self.disk.best_match(arr)
             if found is not None and n_disk - better_than >= DISK_MIN_GAIN:
-                payload = self.disk.load(found)
-                if payload is not None:
-                    return found.tokens, (ctypes.c_uint8 * len(payload)).from_buffer(payload), len(payload)
+                loaded = self.disk.load_state(found)
+                if loaded is not None:
+                    return found.tokens, *loaded
         return None
 
     def close(self) -> None:
