@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -102,6 +103,8 @@ def child(mode: str, model: Path, cache: Path, size: int) -> dict[str, Any]:
             saved = backend.save_session(SESSION)
             write_s = time.perf_counter() - start
             files = list(cache.glob("*/*.kv"))
+            # what a killed process leaves: the state as saved, before this process goes on
+            shutil.copytree(cache, cache.parent / "snapshot")
             live = _ttft(backend, _next_turn(history, first["text"]))  # the same process, never stopped
             return {"history_tokens": first["prompt_tokens"], "answer": first["text"], "saved_tokens": saved,
                     "write_s": write_s, "file_bytes": max(f.stat().st_size for f in files), "live": live}
@@ -135,7 +138,7 @@ def measure(name: str, size: int) -> dict[str, Any]:
         for folder in (written, empty):
             (folder.parent / "answer.json").write_text(json.dumps({"answer": writer["answer"]}))
         recompute = _run_child("recompute", model, empty, size)["next_turn"]
-        restored = _run_child("restore", model, written, size)
+        restored = _run_child("restore", model, written.parent / "snapshot", size)
     disk, ram = restored["next_turn"], restored["ram_hit"]
     tokens = writer["saved_tokens"]
     return {

@@ -50,6 +50,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,24 +190,32 @@ class MemoryWatch:
         return {"peak_rss_gb": round(self.peak_rss / 1e9, 3), "peak_pss_gb": round(self.peak_pss / 1e9, 3)}
 
 
+async def stream_chunks(client: httpx.AsyncClient, url: str, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    """The chunks of a streamed chat completion, parsed, as they arrive (an error status raises)."""
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
+        async for line in response.aiter_lines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[6:])
+
+
+def delta_text(chunk: dict[str, Any]) -> str | None:
+    """The text a chunk adds, if any."""
+    choices = chunk.get("choices") or []
+    return (choices[0].get("delta") or {}).get("content") if choices else None
+
+
 async def _one(client: httpx.AsyncClient, url: str, model: str, prompt: str, tokens: int) -> dict[str, Any]:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": tokens,
             "temperature": 0, "stream": True, "ignore_eos": True, "stream_options": {"include_usage": True}}
     sent = time.perf_counter()
     stamps: list[float] = []
     usage: dict[str, Any] | None = None
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as response:
-        if response.status_code != 200:
-            raise RuntimeError(f"HTTP {response.status_code}: {(await response.aread())[:300]!r}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            choices = chunk.get("choices") or []
-            if choices and (choices[0].get("delta") or {}).get("content"):
-                stamps.append(time.perf_counter())
+    async for chunk in stream_chunks(client, url, body):
+        usage = chunk.get("usage") or usage
+        if delta_text(chunk):
+            stamps.append(time.perf_counter())
     if usage is None or not stamps:
         raise RuntimeError("a stream ended without text or usage")
     return {"sent": sent, "stamps": stamps, "tokens": int(usage["completion_tokens"])}

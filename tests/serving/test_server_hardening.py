@@ -42,6 +42,8 @@ BAD: list[tuple[str, dict[str, Any], str | None]] = [
     ("stream as a string", {**NORMAL, "stream": "yes"}, "stream"),
     ("stream as an integer", {**NORMAL, "stream": 0}, "stream"),
     ("empty stop string", {**NORMAL, "stop": ""}, "stop"),
+    ("prompt_cache_key with a path", {**NORMAL, "prompt_cache_key": "../../etc/passwd"}, "prompt_cache_key"),
+    ("prompt_cache_key with a control character", {**NORMAL, "prompt_cache_key": "a\x00b"}, "prompt_cache_key"),
 ]
 NESTED: list[tuple[str, str]] = [
     ("deep unknown field", json.dumps(NORMAL)[:-1] + f', "extra": {_nested(3000)}}}'),
