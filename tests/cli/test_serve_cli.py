@@ -105,3 +105,23 @@ def test_auto_engine_says_which_and_why(smollm2_path: Path) -> None:
     chosen = err.split("--engine auto: ", 1)[1].split(":", 1)[0]
     assert chosen in ("llamacpp", "torch", "vllm")
     assert f"{'llama.cpp' if chosen == 'llamacpp' else chosen} engine serving" in err or chosen == "vllm"
+
+
+def test_auto_engine_goes_where_an_explicit_quant_is_honoured(smollm2_path: Path) -> None:
+    pytest.importorskip("torch")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "edgecloud", "serve", "--model", str(smollm2_path), "--port", str(port), "--ctx", "256",
+         "--quant", "fp32", "--max-batch", "1", "--log-level", "warning"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_healthy(proc, port)
+        reply = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=120,
+                           json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 2})
+        assert reply.status_code == 200, reply.text
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+    assert "--engine auto: torch" in err, err
+    reason = err.split("--engine auto: torch", 1)[1].splitlines()[0]
+    assert "--quant" in reason and "llamacpp" in reason  # why the preferred engine was passed over

@@ -276,3 +276,20 @@ def test_the_vllm_python_comes_from_the_environment(stand_in: tuple[str, Path], 
     monkeypatch.setenv(vllm_launch.PYTHON_ENV, stand_in[0])
     found = find_vllm()
     assert found is not None and found.python == stand_in[0]
+
+
+def test_a_checkout_venv_vllm_is_found_without_naming_it(stand_in: tuple[str, Path], tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(vllm_launch.PYTHON_ENV, raising=False)
+    if vllm_launch._probe(sys.executable) is not None:
+        pytest.skip("this interpreter has vLLM itself, so it is the one found")
+    venv = tmp_path / "project" / ".venv-vllm" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python").symlink_to(stand_in[0])
+    inside = tmp_path / "project" / "src" / "app"
+    inside.mkdir(parents=True)
+    monkeypatch.chdir(inside)
+    found = find_vllm()
+    assert found is not None and found.python == str(venv / "python")
+    monkeypatch.chdir(tmp_path)  # above the project: not found there (the checkout's own may be)
+    assert str(venv / "python") not in vllm_launch.checkout_vllm_pythons()

@@ -50,7 +50,9 @@ def serve_command(
         None, "--api-key", help="Require this bearer key on /v1 (default: $EDGECLOUD_API_KEY, else none)."
     ),
     served_model_name: str | None = typer.Option(None, "--served-model-name", help="The model name clients send (default: the catalogue name or file stem)."),
-    max_batch: int = typer.Option(DEFAULT_MAX_BATCH, "--max-batch", min=1, help="Sequences decoded together."),
+    max_batch: int | None = typer.Option(
+        None, "--max-batch", min=1, help=f"Sequences decoded together (default {DEFAULT_MAX_BATCH}); --engine auto "
+                                         "weighs it as the expected load."),
     max_queue: int | None = typer.Option(None, "--max-queue", min=0, help=f"llamacpp/torch: requests waiting for a slot before 429 (default {DEFAULT_MAX_QUEUE})."),
     ctx: int | None = typer.Option(None, "--ctx", help="Context per request (default: the engine's choice)."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="llamacpp/vllm on CPU: compute threads (default: every core)."),
@@ -96,7 +98,7 @@ def serve_command(
     if quant is not None and quant not in QUANTS:
         raise _fail(f"unknown quant {quant!r}; use one of {', '.join(QUANTS)}")
     options = ServeOptions(
-        model=model, max_batch=max_batch, ctx=ctx, quant=quant, max_queue=max_queue, threads=threads,
+        model=model, max_batch=max_batch or DEFAULT_MAX_BATCH, ctx=ctx, quant=quant, max_queue=max_queue, threads=threads,
         quant_config=quant_config, tensor_parallel_size=tensor_parallel_size, tokenizer=tokenizer,
         vllm_args=list(vllm_args), vllm_python=vllm_python, dry_run=dry_run, draft_model=draft_model, spec=spec,
         spec_k_max=spec_k_max, host=host, port=port, api_key=api_key or os.environ.get("EDGECLOUD_API_KEY"),
@@ -119,7 +121,7 @@ def serve_command(
         "--kv-ram-mib": kv_ram_mib > 0, "--kv-disk-mib": kv_disk_mib > 0, "--kv-dir": kv_dir is not None,
     }
     try:
-        chosen = ENGINES[_auto_engine(vllm_python) if engine == "auto" else engine]
+        chosen = ENGINES[_auto_engine(vllm_python, given, max_batch, quant) if engine == "auto" else engine]
         refused = chosen.refused(given)
         if refused:
             raise _fail(f"{', '.join(refused)} {'does' if len(refused) == 1 else 'do'} not apply to --engine "
@@ -136,12 +138,14 @@ def serve_command(
         raise _fail(str(exc)) from None
 
 
-def _auto_engine(vllm_python: str | None) -> str:
+def _auto_engine(vllm_python: str | None, given: dict[str, bool], max_batch: int | None, quant: str | None) -> str:
     from ..serving.engine_choice import choose_engine
+    from ..serving.engines import ENGINES
     from ..serving.vllm_launch import find_vllm
 
     found = find_vllm(vllm_python)
     usable = found is not None and found.problem is None
-    choice = choose_engine(vllm_version=found.version if usable else None, vllm_on_cpu=bool(found and found.cpu))
+    choice = choose_engine(vllm_version=found.version if usable else None, vllm_on_cpu=bool(found and found.cpu),
+                           streams=max_batch, quant=quant, refuses=lambda name: ENGINES[name].refused(given))
     _note(f"--engine auto: {choice.engine}: {choice.reason}")
     return choice.engine

