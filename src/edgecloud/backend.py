@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
-from .errors import BackendError, BackendUnavailableError
+from .errors import BackendError, BackendUnavailableError, ConfigError
 
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
 
@@ -38,7 +38,7 @@ __all__ = [
     "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "SessionBackend", "TemplatedBackend",
     "Verifier",
     "aclose_stream",
-    "close_stream", "iterate_in_worker",
+    "close_stream", "iterate_in_worker", "refuse_speculation",
 ]
 
 T = TypeVar("T")
@@ -110,6 +110,15 @@ async def iterate_in_worker(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         await asyncio.shield(future)
 
 
+
+def refuse_speculation(runtime: str, speculate: str | None) -> None:
+    """Raise :class:`~edgecloud.errors.ConfigError` when ``edge_speculate`` asks a runtime that
+    decodes plainly for drafts (``None``, ``"auto"`` and ``"off"`` are fine: auto means "where the
+    runtime can")."""
+    if speculate not in (None, "auto", "off"):
+        raise ConfigError(f"edge_speculate {speculate!r} needs the llama.cpp edge runtime; {runtime} decodes plainly "
+                          "(use auto or off)")
+
 class Backend(ABC):
     """Base of every runtime. Subclasses implement :meth:`stream` only."""
 
@@ -142,10 +151,14 @@ class Backend(ABC):
 
     @classmethod
     def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
-               cache: CacheSettings | None = None, kv_events: Callable[[str, str], None] | None = None) -> Backend:
+               cache: CacheSettings | None = None, kv_events: Callable[[str, str], None] | None = None,
+               speculate: str | None = None) -> Backend:
         """Build this backend from the client's settings (``edge_model``, ``n_ctx``, the device
-        profile, the ``[cache]`` tiers a runtime that saves KV states honours, and where to
-        report their events): how :func:`edgecloud.registry.make_edge_backend` makes an edge runtime."""
+        profile, the ``[cache]`` tiers a runtime that saves KV states honours, where to report
+        their events, and ``edge_speculate``): how :func:`edgecloud.registry.make_edge_backend`
+        makes an edge runtime. A runtime that does not speculate takes ``"auto"`` and ``"off"``
+        and refuses the rest (:func:`refuse_speculation`)."""
+        refuse_speculation(cls.name, speculate)
         return cls(model, n_ctx=n_ctx, device=device)  # type: ignore[call-arg]
 
     def complete(self, request: ChatRequest) -> ChatCompletion:

@@ -61,6 +61,7 @@ class _BaseEdgeCloud:
         edge_runtime: str | None = None,
         collab: str | None = None,
         session: str | None = None,
+        edge_speculate: str | None = None,
     ) -> None:
         overrides: dict[str, Any] = {
             "cloud_base_url": [cloud_base_url] if isinstance(cloud_base_url, str) else cloud_base_url,
@@ -68,6 +69,7 @@ class _BaseEdgeCloud:
             "cloud_api_key": cloud_api_key,
             "n_ctx": n_ctx,
             "edge_runtime": edge_runtime,
+            "edge_speculate": edge_speculate,
         }
         if collab is not None:
             overrides["collab"] = {"mode": collab}

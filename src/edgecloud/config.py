@@ -263,6 +263,13 @@ class EdgeCloudSettings(BaseSettings):
                     "(onnxruntime-genai; edge_model is then an `edgecloud export onnx` folder), or one an installed "
                     "package registers (entry point group edgecloud.edge_runtimes).",
     )
+    edge_speculate: str = Field(
+        "auto",
+        description="Speculative decoding on the device (llama.cpp runtime): auto (prompt lookup, the default), ngram, "
+                    "off, or a smaller draft model of the same family (catalogue name or .gguf path). Greedy text is "
+                    "unchanged; answers that copy from their prompt come faster.",
+        examples=["auto", "off", "qwen2.5-coder-0.5b-instruct-q4"],
+    )
     cloud_base_url: Annotated[list[_HttpUrl], NoDecode] = Field(
         default_factory=list, description="OpenAI-compatible endpoints (a list, or comma-separated).",
         examples=[["https://api.openai.com/v1"]],
@@ -294,6 +301,13 @@ class EdgeCloudSettings(BaseSettings):
         TOML file), else the environment alone."""
         lower = _LOWER_SOURCES.get()
         return (init_settings, *(lower if lower is not None else (env_settings,)))
+
+    @field_validator("edge_speculate")
+    @classmethod
+    def _speculate_named(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("edge_speculate is empty: use auto, off, ngram, or a draft model's catalogue name or path")
+        return value.strip()
 
     @field_validator("edge_runtime")
     @classmethod

@@ -140,7 +140,8 @@ class Hybrid(Backend):
                 if self._edge is None:
                     s = self.settings
                     self._edge = make_edge_backend(s.edge_runtime, s.edge_model, n_ctx=s.n_ctx, device=self._device,
-                                                   cache=s.cache, kv_events=self.metrics.kv_cache_event)
+                                                   cache=s.cache, kv_events=self.metrics.kv_cache_event,
+                                                   speculate=s.edge_speculate)
         return self._edge
 
     def _cloud_attempts(self) -> list[Attempt]:

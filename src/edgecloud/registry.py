@@ -46,10 +46,12 @@ def edge_backend_class(runtime: str) -> type[Backend]:
 
 
 def make_edge_backend(runtime: str, model: str, *, n_ctx: int | None = None, device: str = "this",
-                      cache: CacheSettings | None = None, kv_events: Callable[[str, str], None] | None = None) -> Backend:
+                      cache: CacheSettings | None = None, kv_events: Callable[[str, str], None] | None = None,
+                      speculate: str | None = None) -> Backend:
     """The edge backend for ``runtime``; nothing heavy is imported before it is asked for.
 
     ``model`` is a catalogue name or GGUF path, or for ``onnx`` an ``edgecloud export onnx`` folder
     (checked here, so a folder that is not an export fails before anything loads).
     """
-    return edge_backend_class(runtime).create(model, n_ctx=n_ctx, device=device, cache=cache, kv_events=kv_events)
+    return edge_backend_class(runtime).create(model, n_ctx=n_ctx, device=device, cache=cache, kv_events=kv_events,
+                                              speculate=speculate)

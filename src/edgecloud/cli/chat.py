@@ -198,6 +198,10 @@ def chat_command(
         None, "--session", help="Keep this conversation under NAME: the next `edgecloud chat --session NAME` resumes "
                                 "it (history and KV), also after the CLI was closed.",
     ),
+    speculate: str | None = typer.Option(
+        None, "--speculate", help="Speculative decoding on the device: auto (prompt lookup; the default), ngram, off, "
+                                  "or a smaller draft model of the same family (catalogue name or .gguf path).",
+    ),
 ) -> None:
     """Chat: on this machine, or routed per question between it and a cloud endpoint."""
     err = Console(stderr=True)
@@ -211,7 +215,7 @@ def chat_command(
         saved = load_history(check_name(session)) if session is not None else []
         client = EdgeCloud(edge_model=model, n_ctx=ctx, device=device, cloud_base_url=cloud_url or None,
                            cloud_model=cloud_model, cloud_api_key=cloud_key, edge_runtime=backend, collab=collab,
-                           session=session)
+                           session=session, edge_speculate=speculate)
         if backend in _FOLDER_MODELS:
             client.edge  # an ONNX folder that is not an export fails here, with the other set-up errors
     except EdgeCloudError as exc:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +45,7 @@ import numpy as np
 from ..backend import TemplatedBackend
 from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, ModelIntegrityError
 from ..runtime.chat_template import ChatTemplate
+from ..runtime.spec_control import SpecState
 from ..runtime.chunks import AnswerChunks, answer_budget, log_partition, top_tokens
 from ..runtime.gguf import read_gguf_spec
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
@@ -56,6 +58,7 @@ from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.stats import RuntimeStats
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
+from .llamacpp_spec import EdgeSpeculator, parse_edge_speculate, spec_usage
 
 if TYPE_CHECKING:
     from ..config import CacheSettings
@@ -123,8 +126,9 @@ class LlamaCppBackend(TemplatedBackend):
     client's settings turn it on: ``[cache]``); ``kv_events(tier, event)`` hears of cache events;
     ``reuse_prefix=False`` turns all prefix reuse off (every request is evaluated from
     scratch, for benchmarks). ``flash_attn`` overrides the plan's attention kernel choice
-    (a quantized KV cache always uses flash attention). llama.cpp's logging is silenced
-    unless ``verbose``.
+    (a quantized KV cache always uses flash attention). ``speculate`` (``edge_speculate``:
+    ``"auto"``, ``"ngram"``, ``"off"`` or a draft model) sets speculative decoding
+    (:mod:`edgecloud.edge.llamacpp_spec`). llama.cpp's logging is silenced unless ``verbose``.
     """
 
     name = "llamacpp"
@@ -147,6 +151,7 @@ class LlamaCppBackend(TemplatedBackend):
         kv_events: KVEvents | None = None,
         reuse_prefix: bool = True,
         flash_attn: bool | None = None,
+        speculate: str | None = "auto",
         verbose: bool = False,
     ) -> None:
         if n_ctx is not None and n_ctx < 16:
@@ -168,6 +173,10 @@ class LlamaCppBackend(TemplatedBackend):
         self._n_threads = n_threads
         self._kv_cache_type = kv_cache_type.lower() if kv_cache_type else None
         self._flash_attn = flash_attn
+        mode, draft = parse_edge_speculate(speculate)
+        #: Speculative decoding (None: off; see :mod:`edgecloud.edge.llamacpp_spec`).
+        self.speculator = (EdgeSpeculator(mode, draft_model=draft, make_draft=self._load_draft)
+                           if mode != "off" else None)
         self._kv = LlamaKVTiers(prefix_cache_bytes if reuse_prefix else 0, disk_cache_bytes if reuse_prefix else 0,
                                 cache_dir, events=kv_events)
         super().__init__()
@@ -182,6 +191,7 @@ class LlamaCppBackend(TemplatedBackend):
         self._lib: Any = None
         self._template: ChatTemplate | None = None
         self._pieces: dict[int, bytes] = {}
+        self._n_vocab = 0
         self.model_path: Path | None = None
         #: The keyword arguments ``llama_cpp.Llama`` was built with (after load).
         self.llama_kwargs: dict[str, Any] = {}
@@ -190,12 +200,14 @@ class LlamaCppBackend(TemplatedBackend):
 
     @classmethod
     def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
-               cache: CacheSettings | None = None, kv_events: KVEvents | None = None) -> LlamaCppBackend:
-        """From the client's settings, with the ``[cache]`` tiers (RAM and disk)."""
+               cache: CacheSettings | None = None, kv_events: KVEvents | None = None,
+               speculate: str | None = None) -> LlamaCppBackend:
+        """From the client's settings, with the ``[cache]`` tiers (RAM and disk) and ``edge_speculate``."""
         if cache is None:
-            return cls(model, n_ctx=n_ctx, device=device, kv_events=kv_events)
+            return cls(model, n_ctx=n_ctx, device=device, kv_events=kv_events, speculate=speculate)
         return cls(model, n_ctx=n_ctx, device=device, prefix_cache_bytes=cache.ram_mib * 2**20,
-                   disk_cache_bytes=cache.disk_mib * 2**20, cache_dir=cache.folder(), kv_events=kv_events)
+                   disk_cache_bytes=cache.disk_mib * 2**20, cache_dir=cache.folder(), kv_events=kv_events,
+                   speculate=speculate)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -208,6 +220,8 @@ class LlamaCppBackend(TemplatedBackend):
         worker = self._prefetch_thread
         if worker is not None and worker is not threading.current_thread():
             worker.join()
+        if self.speculator is not None:
+            self.speculator.close()
 
     @property
     def loaded(self) -> bool:
@@ -220,6 +234,24 @@ class LlamaCppBackend(TemplatedBackend):
         if self._llm is None:
             return []
         return self._llm.input_ids[: self._llm.n_tokens].tolist()
+
+    def _load_draft(self, model: str) -> LlamaCppBackend:
+        """The draft model for speculation: a second runtime with this one's context, one tokenizer."""
+        path = Path(model).expanduser()
+        draft = LlamaCppBackend(path if path.suffix == ".gguf" else model, n_ctx=self.n_ctx, device=self.device,
+                                prefix_cache_bytes=0, speculate="off")
+        draft.load()
+        if draft.vocab_size != self.vocab_size:
+            draft.close()
+            raise ConfigError(f"the draft model {draft.model_name} has a vocabulary of {draft.vocab_size} tokens and "
+                              f"{self.model_name} {self.vocab_size}: speculation needs one tokenizer (a smaller "
+                              "model of the same family)")
+        return draft
+
+    @property
+    def vocab_size(self) -> int:
+        """Tokens in the model's vocabulary (0 before load)."""
+        return self._n_vocab
 
     @property
     def prefix_cache(self) -> PrefixCache | None:
@@ -300,6 +332,12 @@ class LlamaCppBackend(TemplatedBackend):
         self._kv.counts = self.stats
         self._kv.attach(lib, llm, lambda: self._state_key(lib, path, kwargs))
         self._warm_fixed_prefix()
+        if self.speculator is not None:
+            try:
+                self.speculator.prepare()  # a draft model that cannot serve fails here, not mid-answer
+            except EdgeCloudError:
+                self._free()
+                raise
         return llm
 
     def _state_key(self, lib: Any, path: Path, kwargs: dict[str, Any]) -> StateKey:
@@ -533,11 +571,7 @@ class LlamaCppBackend(TemplatedBackend):
             for first in range(0, len(rest), max(1, llm.n_batch)):
                 batch = rest[first: first + llm.n_batch]
                 scores.append(self._score_row(pending, batch[0], top_n))  # predicted before this batch
-                n_past = llm.n_tokens
-                llm._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
-                llm._ctx.decode(llm._batch)
-                llm.input_ids[n_past: n_past + len(batch)] = batch
-                llm.n_tokens += len(batch)
+                _eval_rows(llm, batch)
                 for row in range(len(batch)):
                     logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
                     if row + 1 < len(batch):
@@ -601,16 +635,55 @@ class LlamaCppBackend(TemplatedBackend):
         answer = AnswerChunks(request, self.model_name, route, self._piece, lambda t: lib.llama_vocab_is_eog(vocab, t),
                               stats, stream_calls=True)
         yield answer.start()
-        logits = None
-        while answer.generated < max_new:
-            if want_logits:
-                logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
-            token = int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, -1)
+
+        def choose(row: int) -> tuple[int, Any]:
+            """The token for batch row ``row`` (-1: the last), with its logits when they are needed."""
+            logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,)) if want_logits else None
+            return (int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, row)), logits
+
+        spec = self.speculator
+        state: SpecState | None = spec.state() if spec is not None else None
+        pending = choose(-1)
+        written = list(prompt)  # the context the guesses continue: the prompt, then every emitted token
+        while True:
+            token, logits = pending
+            written.append(token)
             yield from answer.push(token, logits)
             if answer.done or answer.generated >= max_new:
                 break
-            llm.eval([token])
-        finish = list(answer.finish(len(prompt), cached))
+            guess: list[int] = []
+            if spec is not None and state is not None:
+                # room for the token, the guess and the token after it, within max_tokens and the context
+                cap = min(max_new - answer.generated - 1, self.n_ctx - llm.n_tokens - 2)
+                proposer, guess = spec.propose(state, written, cap)
+            started = time.perf_counter()
+            if not guess:
+                llm.eval([token])
+                if spec is not None:
+                    spec.observe(1, time.perf_counter() - started)
+                pending = choose(-1)
+                continue
+            n_past = llm.n_tokens
+            _eval_rows(llm, [token, *guess])
+            assert spec is not None and state is not None
+            spec.observe(len(guess) + 1, time.perf_counter() - started)
+            accepted = 0
+            for row in range(len(guess) + 1):
+                pending = choose(row)
+                if row == len(guess) or pending[0] != guess[row]:
+                    break
+                accepted += 1  # the model writes the guessed token itself: emit it
+                written.append(pending[0])
+                yield from answer.push(*pending)
+                if answer.done or answer.generated >= max_new:
+                    break
+            spec.record(state, proposer, len(guess), accepted)
+            keep = n_past + 1 + accepted  # the token, then the accepted part of the guess
+            llm._ctx.kv_cache_seq_rm(0, keep, -1)
+            llm.n_tokens = keep
+            if answer.done or answer.generated >= max_new:
+                break
+        finish = list(answer.finish(len(prompt), cached, speculative=spec_usage(state)))
         # queued now, run once this stream has released the context
         if request.continue_final_message:  # the answer extends the last (assistant) message
             history = [*messages[:-1], {"role": "assistant", "content": messages[-1]["content"] + answer.text}]
@@ -618,3 +691,13 @@ class LlamaCppBackend(TemplatedBackend):
             history = [*messages, {"role": "assistant", "content": answer.text}]
         self._schedule_prefetch(history, request.prompt_cache_key)
         yield from finish
+
+
+def _eval_rows(llm: Any, tokens: list[int]) -> None:
+    """Evaluate ``tokens`` after the context in one ``llama_decode`` with logits for every row
+    (row ``i``: the distribution after ``tokens[i]``); the context then holds them."""
+    n_past = llm.n_tokens
+    llm._batch.set_batch(batch=tokens, n_past=n_past, logits_all=True)
+    llm._ctx.decode(llm._batch)
+    llm.input_ids[n_past: n_past + len(tokens)] = tokens
+    llm.n_tokens += len(tokens)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ..backend import TemplatedBackend
+from ..backend import TemplatedBackend, refuse_speculation
 from ..errors import (
     BackendError,
     BackendUnavailableError,
@@ -140,9 +140,10 @@ class OnnxBackend(TemplatedBackend):
 
     @classmethod
     def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
-               cache: Any = None, kv_events: Any = None) -> OnnxBackend:
+               cache: Any = None, kv_events: Any = None, speculate: str | None = None) -> OnnxBackend:
         """From the client's settings; a folder that is not an ``edgecloud export onnx`` fails here,
         before anything loads."""
+        refuse_speculation(cls.name, speculate)
         load_manifest(model)
         return cls(model, n_ctx=n_ctx, device=device)
 

@@ -55,7 +55,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backend import SerialBackend
+from ..backend import SerialBackend, refuse_speculation
 from ..engine import DEFAULT_N_CTX, Tokenizer, Transformer, decode_one_token, prefill
 from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, InvalidRequestError
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
@@ -136,9 +136,10 @@ class TorchBackend(SerialBackend):
 
     @classmethod
     def create(cls, model: str, *, n_ctx: int | None = None, device: str = "this",
-               cache: Any = None, kv_events: Any = None) -> TorchBackend:
+               cache: Any = None, kv_events: Any = None, speculate: str | None = None) -> TorchBackend:
         """From the client's settings: the torch device is picked here (``device`` names a memory
         profile for the other runtimes, not a torch device)."""
+        refuse_speculation(cls.name, speculate)
         return cls(model, n_ctx=n_ctx)
 
     def __init__(

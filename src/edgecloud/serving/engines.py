@@ -78,7 +78,7 @@ class Engine:
 
 def _llamacpp(o: ServeOptions) -> Backend:
     from .llamacpp_engine import LlamaCppEngineBackend
-    from .speculative.adaptive import SpecConfig
+    from ..runtime.spec_control import SpecConfig
 
     return LlamaCppEngineBackend(o.model, n_ctx=o.ctx, max_batch=o.max_batch, max_queue=o.queue, threads=o.threads,
                                  speculative=SpecConfig(mode=o.spec_mode, k_max=o.spec_k_max),  # type: ignore[arg-type]
@@ -95,7 +95,7 @@ def _default_kv_dir() -> str:
 def _torch(o: ServeOptions) -> Backend:
     from .engine_backend import TorchEngineBackend
     from .engine_choice import choose_precision
-    from .speculative.adaptive import SpecConfig
+    from ..runtime.spec_control import SpecConfig
 
     quant = o.quant or "auto"
     device, chosen, _ = choose_precision(quant)

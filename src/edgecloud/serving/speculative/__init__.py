@@ -13,7 +13,7 @@ position with the sequence's own sampler and comparing); those two load torch on
 
 from __future__ import annotations
 
-from .adaptive import K_LIMIT, SPEC_MODES, Acceptance, SpecConfig, SpecState, StepCost, expected_tokens, speedup
+from ...runtime.spec_control import K_LIMIT, SPEC_MODES, Acceptance, SpecConfig, SpecState, StepCost, expected_tokens, speedup
 from .proposers import DraftRequest, LlamaDraftProposer, NgramProposer, Proposal, Proposer
 from .speculator import Planned, Speculator
 

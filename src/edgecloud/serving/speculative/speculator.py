@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import ConfigError
 from ...observability.server_metrics import ServerMetrics
-from .adaptive import Acceptance, SpecConfig, SpecState, StepCost
+from ...runtime.spec_control import Acceptance, SpecConfig, SpecState, StepCost
 from .proposers import DraftRequest, Proposal, Proposer
 
 if TYPE_CHECKING:

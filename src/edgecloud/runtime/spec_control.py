@@ -1,6 +1,7 @@
 """How many tokens to draft: a cost model of the target step, live acceptance, and an off switch.
 
-This module owns :class:`SpecConfig` (the server's speculation settings), :class:`StepCost`
+One controller for every speculating runtime: the serving engines (a batch of sequences) and
+the edge runtime (one sequence). This module owns :class:`SpecConfig` (speculation settings), :class:`StepCost`
 (an online fit of the target's step time ``a + b * rows``) and :class:`SpecState` (one
 sequence's controller, counters and k trace), with :func:`speedup`. The acceptance estimate,
 ``E(k)`` and the choice of k are the shared maths of :mod:`edgecloud.runtime.speculative`
@@ -29,8 +30,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from ...errors import ConfigError
-from ...runtime.speculative import Acceptance, best_k, expected_tokens
+from ..errors import ConfigError
+from .speculative import Acceptance, best_k, expected_tokens
 
 __all__ = ["SPEC_MODES", "Acceptance", "SpecConfig", "SpecState", "StepCost", "expected_tokens", "speedup"]
 

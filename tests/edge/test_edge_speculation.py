@@ -1,0 +1,119 @@
+"""Speculative decoding on the device, with real models: the text is the model's own (greedy:
+token for token; sampled with a seed: the same draws), drafts are used where the answer copies
+its prompt, and logprobs, grammars and settings keep working on top of it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+
+from edgecloud import EdgeCloud
+from edgecloud.edge.llamacpp import LlamaCppBackend
+from edgecloud.errors import ConfigError, EdgeCloudError
+from edgecloud.types import ChatRequest
+
+CODE = """def parse_config(path):
+    with open(path) as fh:
+        lines = fh.readlines()
+    result = {}
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        key, value = line.split("=", 1)
+        result[key.strip()] = value.strip()
+    return result
+"""
+COPYING = [{"role": "user", "content": f"Add a docstring to this function and return the whole code.\n```python\n{CODE}```"}]
+FREE = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
+
+
+def _answer(backend: LlamaCppBackend, messages: list[dict[str, str]], **fields: object) -> ChatRequest | object:
+    backend.clear_prefix_cache()  # each answer from the same start: prefill shapes alike
+    return backend.complete(ChatRequest(messages=messages, max_tokens=96, **fields))  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def pair(qwen05_path: Path) -> Iterator[tuple[LlamaCppBackend, LlamaCppBackend, LlamaCppBackend]]:
+    """The default edge model plain, with prompt lookup, and with itself as the draft model."""
+    plain = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate="off", prefix_cache_bytes=0)
+    ngram = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate="ngram", prefix_cache_bytes=0)
+    draft = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate=str(qwen05_path), prefix_cache_bytes=0)
+    try:
+        yield plain, ngram, draft
+    finally:
+        for backend in (plain, ngram, draft):
+            backend.close()
+
+
+@pytest.mark.parametrize("messages", [COPYING, FREE], ids=["copying", "free"])
+def test_greedy_text_is_identical_with_and_without_drafts(pair: tuple[LlamaCppBackend, ...],
+                                                          messages: list[dict[str, str]]) -> None:
+    plain, ngram, draft = pair
+    expected = _answer(plain, messages, temperature=0)
+    for speculating in (ngram, draft):
+        answer = _answer(speculating, messages, temperature=0)
+        assert answer.text == expected.text  # type: ignore[attr-defined]
+        assert answer.usage.completion_tokens == expected.usage.completion_tokens  # type: ignore[attr-defined]
+        assert expected.usage.speculative is None  # type: ignore[attr-defined]
+
+
+def test_an_answer_that_copies_its_prompt_is_written_from_accepted_drafts(pair: tuple[LlamaCppBackend, ...]) -> None:
+    _, ngram, draft = pair
+    for speculating in (ngram, draft):
+        usage = _answer(speculating, COPYING, temperature=0).usage  # type: ignore[attr-defined]
+        spec = usage.speculative
+        # how many drafts pay depends on the measured cost of a pass (a busy machine drafts less);
+        # what is drafted from the prompt is mostly what the model writes
+        assert spec is not None and spec["num_accepted_tokens"] >= 8 and spec["acceptance_rate"] >= 0.5, spec
+        assert sum(spec["k_trace"]) == spec["num_draft_tokens"]
+
+
+def test_seeded_sampling_draws_the_same_tokens(pair: tuple[LlamaCppBackend, ...]) -> None:
+    plain, ngram, _ = pair
+    fields = {"temperature": 0.8, "top_p": 0.95, "seed": 7}
+    assert _answer(ngram, COPYING, **fields).text == _answer(plain, COPYING, **fields).text  # type: ignore[attr-defined]
+
+
+def test_logprobs_and_a_grammar_hold_under_speculation(pair: tuple[LlamaCppBackend, ...]) -> None:
+    plain, ngram, _ = pair
+    record = {"name": "Ada Lovelace", "born": 1815, "field": "mathematics", "city": "London"}
+    messages = [{"role": "user", "content": f"Return this record as JSON, unchanged: {json.dumps(record)}"}]
+    schema = {"type": "object", "properties": {k: {"type": "string" if isinstance(v, str) else "integer"}
+                                               for k, v in record.items()},
+              "required": list(record), "additionalProperties": False}
+    fields = {"temperature": 0, "logprobs": True, "top_logprobs": 2,
+              "response_format": {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}}
+    expected = _answer(plain, messages, **fields)
+    answer = _answer(ngram, messages, **fields)
+    assert answer.text == expected.text  # type: ignore[attr-defined]
+    assert set(json.loads(answer.text)) == set(record)  # type: ignore[attr-defined]
+    content = answer.choices[0].logprobs.content  # type: ignore[attr-defined]
+    assert len(content) == answer.usage.completion_tokens  # type: ignore[attr-defined]
+    assert [c.token for c in content] == [c.token for c in expected.choices[0].logprobs.content]  # type: ignore[attr-defined]
+
+
+def test_a_draft_model_with_another_vocabulary_is_refused_at_load(qwen05_path: Path, smollm2_path: Path) -> None:
+    backend = LlamaCppBackend(qwen05_path, n_ctx=512, speculate=str(smollm2_path))
+    try:
+        with pytest.raises(ConfigError, match="vocabulary"):
+            backend.load()
+    finally:
+        backend.close()
+
+
+def test_the_setting_reaches_the_runtime_and_is_checked(smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with EdgeCloud(edge_model=str(smollm2_path), edge_speculate="off") as client:
+        assert client.edge.speculator is None  # type: ignore[attr-defined]
+    monkeypatch.setenv("EDGECLOUD_EDGE_SPECULATE", "ngram")
+    with EdgeCloud(edge_model=str(smollm2_path)) as client:
+        assert client.edge.speculator is not None  # type: ignore[attr-defined]
+    with pytest.raises(EdgeCloudError, match="edge_speculate"):
+        EdgeCloud(edge_model=str(smollm2_path), edge_speculate=" ")
+    with pytest.raises(ConfigError, match="llama.cpp"):
+        EdgeCloud(edge_model=str(smollm2_path), edge_runtime="torch", edge_speculate="ngram").edge
