@@ -202,6 +202,7 @@ def main() -> None:
             "ttft_p50_on_vs_off": round(med("on", "ttft_p50_s") / med("off", "ttft_p50_s"), 3),
             "ttft_p99_on_vs_off": round(med("on", "ttft_p99_s") / med("off", "ttft_p99_s"), 3),
             "later_turns_ttft_p50_on_vs_off": round(med("on", "later_turns_ttft_p50_s") / med("off", "later_turns_ttft_p50_s"), 3),
+            "later_turns_ttft_p99_on_vs_off": round(med("on", "later_turns_ttft_p99_s") / med("off", "later_turns_ttft_p99_s"), 3),
             "tokens_per_s_on_vs_off": round(med("on", "tokens_per_s") / med("off", "tokens_per_s"), 3),
         },
         "answers_identical": f"{same}/{args.sessions * args.turns}",

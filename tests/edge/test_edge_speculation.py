@@ -14,20 +14,20 @@ pytest.importorskip("llama_cpp")
 
 from edgecloud import EdgeCloud
 from edgecloud.edge.llamacpp import LlamaCppBackend
+from edgecloud.edge.llamacpp_spec import EdgeSpeculator
 from edgecloud.errors import ConfigError, EdgeCloudError
 from edgecloud.types import ChatRequest
 
-CODE = """def parse_config(path):
+CODE = """def read_scores(path):
+    scores = {}
     with open(path) as fh:
-        lines = fh.readlines()
-    result = {}
-    for line in lines:
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        key, value = line.split("=", 1)
-        result[key.strip()] = value.strip()
-    return result
+        for row in fh:
+            row = row.strip()
+            if not row or row.startswith(";"):
+                continue
+            name, score = row.split(",", 1)
+            scores[name.strip()] = int(score)
+    return scores
 """
 COPYING = [{"role": "user", "content": f"Add a docstring to this function and return the whole code.\n```python\n{CODE}```"}]
 FREE = [{"role": "user", "content": "Tell me a short story about a lighthouse keeper."}]
@@ -40,11 +40,20 @@ def _answer(backend: LlamaCppBackend, messages: list[dict[str, str]], **fields: 
 
 @pytest.fixture(scope="module")
 def pair(qwen05_path: Path) -> Iterator[tuple[LlamaCppBackend, LlamaCppBackend, LlamaCppBackend]]:
-    """The default edge model plain, with prompt lookup, and with itself as the draft model."""
+    """The default edge model plain, with prompt lookup, and with itself as the draft model; the
+    speculating ones guess every step (a fixed k: whether guessing pays is the controller's call,
+    and on a CPU where a pass of k rows costs k single passes it never does). A fixed k guesses
+    even where a wider pass rounds differently from one row; these prompts stay short, where the
+    rows that check a guess of 2 are computed exactly as one row is (checked here first)."""
     plain = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate="off", prefix_cache_bytes=0)
-    ngram = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate="ngram", prefix_cache_bytes=0)
-    draft = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate=str(qwen05_path), prefix_cache_bytes=0)
+    ngram = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate="ngram", speculate_k=2, prefix_cache_bytes=0)
+    draft = LlamaCppBackend(qwen05_path, n_ctx=1024, speculate=str(qwen05_path), speculate_k=2, prefix_cache_bytes=0)
     try:
+        for backend in (plain, ngram, draft):
+            backend.load()
+        exact, _ = ngram._rows_exact_at(ngram._llm.n_tokens, 3)
+        if exact < 3:
+            pytest.skip("this CPU's kernels round a pass of 3 rows differently from one row: guesses change greedy text")
         yield plain, ngram, draft
     finally:
         for backend in (plain, ngram, draft):
@@ -68,9 +77,9 @@ def test_an_answer_that_copies_its_prompt_is_written_from_accepted_drafts(pair: 
     for speculating in (ngram, draft):
         usage = _answer(speculating, COPYING, temperature=0).usage  # type: ignore[attr-defined]
         spec = usage.speculative
-        # how many drafts pay depends on the measured cost of a pass (a busy machine drafts less);
-        # what is drafted from the prompt is mostly what the model writes
-        assert spec is not None and spec["num_accepted_tokens"] >= 8 and spec["acceptance_rate"] >= 0.5, spec
+        # what is guessed from the prompt is mostly what the model writes
+        assert spec is not None and spec["num_accepted_tokens"] > usage.completion_tokens / 4, spec
+        assert spec["acceptance_rate"] >= 0.5, spec
         assert sum(spec["k_trace"]) == spec["num_draft_tokens"]
 
 
@@ -117,3 +126,23 @@ def test_the_setting_reaches_the_runtime_and_is_checked(smollm2_path: Path, monk
         EdgeCloud(edge_model=str(smollm2_path), edge_speculate=" ")
     with pytest.raises(ConfigError, match="llama.cpp"):
         EdgeCloud(edge_model=str(smollm2_path), edge_runtime="torch", edge_speculate="ngram").edge
+
+
+def _speculator(pass_seconds: list[float]) -> EdgeSpeculator:
+    """A prompt-lookup speculator calibrated as if passes of 1, 2, 3 rows took ``pass_seconds``."""
+    spec = EdgeSpeculator("ngram")
+    spec.calibrate(lambda limit: (3, [(rows, seconds) for rows, seconds in enumerate(pass_seconds, 1)] * 4))
+    return spec
+
+
+def test_the_controller_guesses_only_where_a_wider_pass_is_cheap() -> None:
+    context = [5, 6, 7, 8, 9, 1, 2, 3, 5, 6, 7]  # the suffix 5 6 7 was followed by 8 9
+    cheap, linear = _speculator([0.030, 0.031, 0.032]), _speculator([0.030, 0.060, 0.090])
+    assert cheap.propose(cheap.state(), context, cap=8) == ("ngram", [8, 9])  # at most what decodes exactly
+    assert linear.propose(linear.state(), context, cap=8) == ("", [])
+
+
+def test_where_no_batch_decodes_exactly_nothing_is_guessed() -> None:
+    spec = EdgeSpeculator("ngram")
+    spec.calibrate(lambda limit: (1, [(1, 0.03), (2, 0.031)]))
+    assert spec.disabled and spec.propose(spec.state(), [5, 6, 7, 8, 5, 6, 7], cap=8) == ("", [])

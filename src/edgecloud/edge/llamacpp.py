@@ -32,7 +32,10 @@ are not thread-safe); a second caller waits for the first stream to finish or be
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
+import os
 import threading
 import time
 from collections.abc import Iterator
@@ -48,6 +51,7 @@ from ..runtime.chat_template import ChatTemplate
 from ..runtime.spec_control import SpecState
 from ..runtime.chunks import AnswerChunks, answer_budget, log_partition, top_tokens
 from ..runtime.gguf import read_gguf_spec
+from ..runtime.hardware import cpu_signature
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
 from ..runtime.llamacpp_sampler import make_sampler
 from ..runtime.kv_disk import KVEvents, StateKey
@@ -78,6 +82,9 @@ DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
 #: After an answer, wait this long for a follow-up request before using the idle time to
 #: evaluate the next turn's header; back-to-back requests never pay for it.
 PREFETCH_GRACE_S = 0.1
+#: Context length at which the speculation probe checks again that a pass of several rows rounds
+#: as one row does (see :meth:`LlamaCppBackend._probe_rows`).
+PROBE_LONG_CONTEXT = 320
 #: Never prefetch more than this many tokens (a retokenized answer that diverged a lot).
 PREFETCH_MAX_TOKENS = 256
 
@@ -128,7 +135,8 @@ class LlamaCppBackend(TemplatedBackend):
     scratch, for benchmarks). ``flash_attn`` overrides the plan's attention kernel choice
     (a quantized KV cache always uses flash attention). ``speculate`` (``edge_speculate``:
     ``"auto"``, ``"ngram"``, ``"off"`` or a draft model) sets speculative decoding
-    (:mod:`edgecloud.edge.llamacpp_spec`). llama.cpp's logging is silenced unless ``verbose``.
+    (:mod:`edgecloud.edge.llamacpp_spec`); ``speculate_k`` fixes how many tokens each guess holds
+    (default: chosen per step by the controller). llama.cpp's logging is silenced unless ``verbose``.
     """
 
     name = "llamacpp"
@@ -152,6 +160,7 @@ class LlamaCppBackend(TemplatedBackend):
         reuse_prefix: bool = True,
         flash_attn: bool | None = None,
         speculate: str | None = "auto",
+        speculate_k: int | None = None,
         verbose: bool = False,
     ) -> None:
         if n_ctx is not None and n_ctx < 16:
@@ -175,7 +184,7 @@ class LlamaCppBackend(TemplatedBackend):
         self._flash_attn = flash_attn
         mode, draft = parse_edge_speculate(speculate)
         #: Speculative decoding (None: off; see :mod:`edgecloud.edge.llamacpp_spec`).
-        self.speculator = (EdgeSpeculator(mode, draft_model=draft, make_draft=self._load_draft)
+        self.speculator = (EdgeSpeculator(mode, draft_model=draft, make_draft=self._load_draft, fixed_k=speculate_k)
                            if mode != "off" else None)
         self._kv = LlamaKVTiers(prefix_cache_bytes if reuse_prefix else 0, disk_cache_bytes if reuse_prefix else 0,
                                 cache_dir, events=kv_events)
@@ -334,6 +343,7 @@ class LlamaCppBackend(TemplatedBackend):
         self._warm_fixed_prefix()
         if self.speculator is not None:
             try:
+                self.speculator.calibrate(self._probe_rows)
                 self.speculator.prepare()  # a draft model that cannot serve fails here, not mid-answer
             except EdgeCloudError:
                 self._free()
@@ -388,6 +398,82 @@ class LlamaCppBackend(TemplatedBackend):
         self._forget_context()
         self._llm.eval(prefix)
         self._kv.save(pinned=True)
+
+    def _probe_rows(self, limit: int) -> tuple[int, list[tuple[int, float]]]:
+        """How many rows one pass may verify with every row's logits bitwise equal to decoding
+        the same tokens one at a time, and ``(rows, seconds)`` of the passes timed.
+
+        llama.cpp's CPU kernels switch to matrix-matrix paths with other rounding from a few rows
+        on, and (measured on an AVX2 CPU) the attention of two rows already rounds differently
+        once the context holds about 250 tokens, so the rows are checked right after the fixed
+        prefix and again after :data:`PROBE_LONG_CONTEXT` tokens. The answer is kept on disk per
+        model, runtime, threads and CPU (the long probe costs a prefill), and the context is left
+        as it was."""
+        from ..store.cache import home_dir, known_sha256
+
+        assert self.model_path is not None
+        key = "|".join([known_sha256(self.model_path), self._lib.__version__, str(self.llama_kwargs.get("n_threads")),
+                        str(self.llama_kwargs.get("flash_attn")), str(self.llama_kwargs.get("type_k")),
+                        str(limit), cpu_signature()])
+        record = home_dir() / "edge-speculation.json"
+        try:
+            known = json.loads(record.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            known = {}
+        if isinstance(known, dict) and isinstance(known.get(key), dict):
+            entry = known[key]
+            return int(entry["exact"]), [(int(r), float(s)) for r, s in entry["timed"]]
+        exact, timed = self._rows_exact_at(self._llm.n_tokens, limit)
+        if exact > 1 and self.n_ctx > PROBE_LONG_CONTEXT + 2 * limit:
+            llm = self._llm
+            start = llm.n_tokens
+            filler = (self._tokenize("for item in range(10):\n    print(item, item * item)\n") * 64)
+            try:
+                llm.eval(filler[: max(0, PROBE_LONG_CONTEXT - start)])
+                long_exact, _ = self._rows_exact_at(llm.n_tokens, exact)
+            finally:
+                llm._ctx.kv_cache_seq_rm(0, start, -1)
+                llm.n_tokens = start
+            exact = min(exact, long_exact)
+        if isinstance(known, dict):
+            known[key] = {"exact": exact, "timed": timed}
+            with contextlib.suppress(OSError):
+                record.parent.mkdir(parents=True, exist_ok=True)
+                tmp = record.with_suffix(f".{os.getpid()}.tmp")
+                tmp.write_text(json.dumps(known), encoding="utf-8")
+                os.replace(tmp, record)
+        return exact, timed
+
+    def _rows_exact_at(self, start: int, limit: int) -> tuple[int, list[tuple[int, float]]]:
+        """The most rows (up to ``limit``) one pass evaluates after position ``start`` with logits
+        bitwise those of one row at a time, and the timed passes; the context is cut back to ``start``."""
+        llm, lib = self._llm, self._lib
+        probe = (self._tokenize("def total(values):\n    return sum(v for v in values if v > 0)\n") * 2)[:limit]
+        if start + len(probe) >= self.n_ctx:
+            return 1, []
+        shape = (self._n_vocab,)
+        single, timed = [], []
+        exact = 1
+        try:
+            for token in probe:
+                began = time.perf_counter()
+                llm.eval([token])
+                timed.append((1, time.perf_counter() - began))
+                single.append(np.ctypeslib.as_array(lib.llama_get_logits_ith(llm.ctx, -1), shape=shape).copy())
+            for rows in range(2, len(probe) + 1):
+                llm._ctx.kv_cache_seq_rm(0, start, -1)
+                llm.n_tokens = start
+                began = time.perf_counter()
+                _eval_rows(llm, probe[:rows])
+                timed.append((rows, time.perf_counter() - began))
+                if not all(np.array_equal(np.ctypeslib.as_array(lib.llama_get_logits_ith(llm.ctx, i), shape=shape),
+                                          single[i]) for i in range(rows)):
+                    break
+                exact = rows
+        finally:
+            llm._ctx.kv_cache_seq_rm(0, start, -1)
+            llm.n_tokens = start
+        return exact, timed
 
     # ------------------------------------------------------------------ tokens and KV
 

@@ -30,6 +30,7 @@ draft before it is verified.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -39,6 +40,8 @@ from ..runtime.spec_control import SpecConfig, SpecState, StepCost
 from ..runtime.spec_proposers import NgramProposer
 
 __all__ = ["EDGE_SPECULATE_WORDS", "EdgeSpeculator", "parse_edge_speculate", "spec_usage"]
+
+_log = logging.getLogger("edgecloud.edge")
 
 #: ``edge_speculate`` values that are not a draft model.
 EDGE_SPECULATE_WORDS = ("auto", "off", "ngram")
@@ -72,17 +75,26 @@ class DraftModel(Protocol):
 class EdgeSpeculator:
     """Drafts and the k controller for one edge runtime (its requests run one at a time).
 
+    ``fixed_k`` skips the controller and the exactness limit: every step guesses that many tokens
+    (where a guess is found), even where a pass of several rows rounds differently from one row
+    (greedy text may then differ at near-ties); for experiments and tests.
+
     ``draft_model`` (a catalogue name or path) is loaded on first use by ``make_draft`` (the
     runtime's: a second llama.cpp runtime with the target's context, its vocabulary checked).
     """
 
     def __init__(self, mode: str, *, draft_model: str | None = None,
-                 make_draft: Callable[[str], DraftModel] | None = None, k_max: int = EDGE_K_MAX) -> None:
+                 make_draft: Callable[[str], DraftModel] | None = None, k_max: int = EDGE_K_MAX,
+                 fixed_k: int | None = None) -> None:
         if draft_model is not None and make_draft is None:
             raise ConfigError("a draft model needs make_draft (how the runtime loads it)")
         if mode not in ("ngram", "auto"):
             raise ConfigError(f"unknown speculation mode {mode!r}")
-        self.config = SpecConfig(mode="auto" if draft_model else "ngram", k_max=k_max)
+        if fixed_k is not None and not 1 <= fixed_k <= k_max:
+            raise ConfigError(f"a fixed number of guessed tokens must be in 1..{k_max}, got {fixed_k}")
+        # fixed_k: always guess that many (within what decodes exactly), as vLLM's num_speculative_tokens
+        self.config = SpecConfig(mode="auto" if draft_model else "ngram", k_max=fixed_k or k_max,
+                                 adaptive=fixed_k is None)
         self.draft_model = draft_model
         self.proposers: tuple[str, ...] = ("draft", "ngram") if draft_model else ("ngram",)
         self.ngram = NgramProposer()
@@ -92,12 +104,16 @@ class EdgeSpeculator:
         self.draft_cost: dict[str, float] = {"ngram": 0.0, "draft": 0.0}
         self._make_draft = make_draft
         self._draft: DraftModel | None = None
+        #: Most tokens one guess may hold (see :meth:`calibrate`).
+        self.k_limit = self.config.k_max
+        #: Why speculation is off on this machine, or None.
+        self.disabled: str | None = None
 
     def state(self) -> SpecState:
         """A fresh controller state for one answer."""
         from ..runtime.speculative import Acceptance
 
-        return SpecState(self.config, self.proposers, self.config.k_max,
+        return SpecState(self.config, self.proposers, max(1, self.k_limit),
                          acceptance={p: Acceptance(self.config.prior_acceptance, decay=self.config.decay)
                                      for p in self.proposers})
 
@@ -107,7 +123,7 @@ class EdgeSpeculator:
 
     def propose(self, state: SpecState, tokens: list[int], cap: int) -> tuple[str, list[int]]:
         """The proposer and its guess (at most ``cap`` tokens) after ``tokens``; ``("", [])``: decode plainly."""
-        if cap < 1 or not self.cost.known:
+        if cap < 1 or not self.cost.known or self.disabled is not None:
             return "", []
         step, row = self._costs()
         name, k = state.plan(step=step, row=row, draft_cost=self.draft_cost, batch=1)
@@ -120,6 +136,27 @@ class EdgeSpeculator:
                 return name, drafts
             name = "ngram"  # the draft model failed or had nothing: the free proposer instead
         return name, self.ngram.lookup(tokens, k)
+
+    def calibrate(self, probe: Callable[[int], tuple[int, list[tuple[int, float]]]]) -> None:
+        """Learn, once per load, how many rows one pass may verify exactly and what passes cost.
+
+        ``probe(limit)`` (the runtime's) answers the most rows, up to ``limit``, whose logits are
+        bitwise those of one-at-a-time decoding, and ``(rows, seconds)`` of the passes it timed.
+        Guesses are capped one below that, so greedy text stays the model's own token for token;
+        where no batch is exact, speculation is off (said in :attr:`disabled`)."""
+        exact, timed = probe(self.config.k_max + 1)
+        for rows, seconds in timed:
+            self.cost.observe(rows, seconds)
+        if not self.config.adaptive:  # a fixed k is the caller's choice, exact or not
+            self.k_limit, self.disabled = self.config.k_max, None
+            return
+        self.k_limit = min(self.config.k_max, exact - 1)
+        self.disabled = None if self.k_limit >= 1 else (
+            "no batch of rows decodes exactly as one row does on this CPU: guesses would change greedy text")
+        if self.disabled:
+            _log.info("edge speculation off: %s", self.disabled)
+        else:
+            _log.debug("edge speculation: up to %d guessed tokens per pass (%d rows decode exactly)", self.k_limit, exact)
 
     def prepare(self) -> None:
         """Load the draft model now (the runtime calls this once its own model is loaded), so a

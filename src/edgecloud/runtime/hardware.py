@@ -67,6 +67,15 @@ def cpu_flags() -> frozenset[str]:
     return frozenset()
 
 
+def cpu_signature() -> str:
+    """A short, stable name for this CPU's model and feature flags (results measured on one CPU,
+    such as which kernels round alike, are kept under it)."""
+    import hashlib
+    import platform
+
+    return hashlib.sha256((platform.machine() + " " + " ".join(sorted(cpu_flags()))).encode()).hexdigest()[:16]
+
+
 def cpu_has_bf16() -> bool:
     """Whether the CPU has bfloat16 dot products (AVX-512 BF16, AMX BF16, or Arm's BF16)."""
     flags = cpu_flags()
