@@ -135,6 +135,29 @@ def test_a_cache_dir_that_is_a_file_is_logged_and_nothing_raises(tmp_path: Path)
     assert events[("disk", "write_error")] == 1
 
 
+def test_a_full_disk_keeps_the_last_good_state_and_nothing_raises(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from edgecloud.runtime import kv_disk
+
+    tier, events = _tier(tmp_path)
+    tokens, payload = _state(100)
+    assert tier.save(tokens, payload, len(payload), session="chat")
+
+    def no_space(fd: int) -> None:  # the fault: the device fills up while the state is written
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(kv_disk.os, "fsync", no_space)
+    longer, longer_payload = _state(150, seed=3)
+    assert not tier.save(longer, longer_payload, len(longer_payload), session="chat")
+    monkeypatch.undo()
+    assert events[("disk", "write_error")] == 1
+    assert [f.name for f in tier.folder.iterdir() if f.name.endswith(".tmp")] == []  # no half-written file left
+    entry, n = _tier(tmp_path)[0].best_match(tokens, session="chat")
+    assert entry is not None and n == 100 and _tier(tmp_path)[0].load(entry) == payload
+
+
 def _write_session(root: str, seed: int) -> None:
     tier = DiskTier(root, KEY, 10**8)
     for i in range(15):
