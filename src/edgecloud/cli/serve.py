@@ -78,6 +78,10 @@ def serve_command(
         0, "--kv-disk-mib", min=0, help="llamacpp: spill what the RAM tier evicts to this much disk (under --kv-dir).",
     ),
     kv_dir: str | None = typer.Option(None, "--kv-dir", help="llamacpp: folder of the disk tier (default: kv under the edgecloud cache)."),
+    disaggregate: str | None = typer.Option(
+        None, "--disaggregate", help="vllm: prefill=N,decode=M instances (ports after --port) behind a proxy on "
+                                     "--port that sends the prompt to a prefill instance and the answer to a decode one.",
+    ),
     kv_offload_backend: str = typer.Option(
         "native", "--kv-offload-backend", help="vllm: native (vLLM's CPU tier) or lmcache (LMCache, installed beside vLLM).",
     ),
@@ -103,7 +107,7 @@ def serve_command(
         vllm_args=list(vllm_args), vllm_python=vllm_python, dry_run=dry_run, draft_model=draft_model, spec=spec,
         spec_k_max=spec_k_max, host=host, port=port, api_key=api_key or os.environ.get("EDGECLOUD_API_KEY"),
         served_model_name=served_model_name, kv_offload=kv_offload, kv_offload_backend=kv_offload_backend,
-        kv_ram_mib=kv_ram_mib, kv_disk_mib=kv_disk_mib, kv_dir=kv_dir,
+        kv_ram_mib=kv_ram_mib, kv_disk_mib=kv_disk_mib, kv_dir=kv_dir, disaggregate=disaggregate,
     )
     if options.spec_mode not in SPEC_MODES:
         raise _fail(f"unknown --spec {options.spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
@@ -119,6 +123,7 @@ def serve_command(
         "--dry-run": dry_run, "--draft-model": draft_model is not None, "--spec": spec is not None,
         "--kv-offload": kv_offload is not None, "--kv-offload-backend": kv_offload_backend != "native",
         "--kv-ram-mib": kv_ram_mib > 0, "--kv-disk-mib": kv_disk_mib > 0, "--kv-dir": kv_dir is not None,
+        "--disaggregate": disaggregate is not None,
     }
     try:
         chosen = ENGINES[_auto_engine(vllm_python, given, max_batch, quant) if engine == "auto" else engine]

@@ -45,6 +45,8 @@ class ServeOptions:
     #: vllm: GiB of KV offloaded (``--kv-offloading-size``) and where to.
     kv_offload: float | None = None
     kv_offload_backend: str = "native"
+    #: vllm: ``prefill=N,decode=M`` instances behind a proxy (None: one instance).
+    disaggregate: str | None = None
     #: llamacpp: MiB of dropped slot prefixes kept in RAM, and on disk under ``kv_dir``.
     kv_ram_mib: int = 0
     kv_disk_mib: int = 0
@@ -126,7 +128,7 @@ def _vllm(o: ServeOptions) -> int:
         spec_k_max=o.spec_k_max, extra_args=list(o.vllm_args), kv_offload_gib=o.kv_offload,
         kv_offload_backend=o.kv_offload_backend,  # type: ignore[arg-type]
     )
-    return launch_vllm(settings, python=o.vllm_python, dry_run=o.dry_run)
+    return launch_vllm(settings, python=o.vllm_python, dry_run=o.dry_run, disaggregate=o.disaggregate)
 
 
 _SPEC = frozenset({"--draft-model", "--spec", "--spec-k-max"})
@@ -136,6 +138,7 @@ ENGINES: dict[str, Engine] = {
                        build=_llamacpp),
     "torch": Engine("torch", _SPEC | {"--quant", "--max-queue", "--quant-config"}, build=_torch),
     "vllm": Engine("vllm", _SPEC | {"--quant", "--tensor-parallel-size", "--dry-run", "--tokenizer", "--vllm-arg",
-                                    "--vllm-python", "--threads", "--kv-offload", "--kv-offload-backend"},
+                                    "--vllm-python", "--threads", "--kv-offload", "--kv-offload-backend",
+                                    "--disaggregate"},
                    launch=_vllm),
 }

@@ -71,6 +71,8 @@ if spec is not None and spec.submodule_search_locations:
                                                 ("kv_transfer", "kv_transfer_config")) if marker in text]
 if iu.find_spec("lmcache") is not None:
     out.setdefault("features", []).append("lmcache")
+if iu.find_spec("nixl") is not None:
+    out.setdefault("features", []).append("nixl")
 if iu.find_spec("torchvision") is not None:
     try:
         import torchvision  # noqa: F401
@@ -207,7 +209,8 @@ def vllm_sources(settings: VLLMSettings, *, convert: bool = True) -> tuple[str, 
     return _source(settings.model, convert=convert), draft
 
 
-def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: bool = False) -> int:
+def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: bool = False,
+                disaggregate: str | None = None) -> int:
     """Run vLLM's OpenAI server for ``settings`` until it exits; return its exit status.
 
     ``dry_run`` prints the command (and the CPU settings it would run with) and returns 0
@@ -221,6 +224,12 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     the extras to install and the command that would have run) or cannot start as installed.
     """
     install = find_vllm(python)
+    if disaggregate is not None:
+        from .pd import Disaggregation
+
+        Disaggregation.parse(disaggregate)  # a malformed value is an error before anything else
+    if install is not None and dry_run and disaggregate is not None:
+        return _launch_disaggregated(settings, install, disaggregate, dry_run=True)
     if install is None or dry_run:
         source, draft = vllm_sources(settings, convert=False)
         module = install.module if install is not None else "vllm.entrypoints.launchers.api_server.entry"
@@ -236,6 +245,8 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     if install.problem is not None:
         raise BackendUnavailableError(f"vLLM cannot start: {install.problem}", cause="load_error")
     install.refuse_missing(settings)
+    if disaggregate is not None:
+        return _launch_disaggregated(settings, install, disaggregate)
     source, draft = vllm_sources(settings, convert=True)
     argv = vllm_command(settings, source, python=install.python, module=install.module, draft_source=draft)
     env = vllm_environment(settings, cpu=install.cpu)
@@ -244,6 +255,21 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
           f"{format_command(argv, env if install.cpu else None)}",
           file=sys.stderr, flush=True)
     return _supervise(argv, env, settings)
+
+
+def _launch_disaggregated(settings: VLLMSettings, install: VLLMInstall, text: str, *, dry_run: bool = False) -> int:
+    from .pd import Disaggregation, launch_disaggregated
+
+    split = Disaggregation.parse(text)
+    if "kv_transfer" not in install.features:
+        raise InvalidRequestError(f"vLLM {install.version} in {install.python} has no KV connectors "
+                                  "(--kv-transfer-config): upgrade vLLM or leave --disaggregate out", param="disaggregate")
+    if settings.spec != "off":
+        raise InvalidRequestError("--disaggregate with speculative decoding is not supported by vLLM's KV connectors; "
+                                  "leave --spec / --draft-model out", param="disaggregate")
+    source, _ = vllm_sources(settings, convert=not dry_run)
+    return launch_disaggregated(settings, split, python=install.python, module=install.module, source=source,
+                                cpu=install.cpu, nixl="nixl" in install.features, dry_run=dry_run)
 
 
 def _supervise(argv: list[str], env: dict[str, str], settings: VLLMSettings) -> int:
