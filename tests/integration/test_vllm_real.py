@@ -13,6 +13,7 @@ skipped with the reason: the install error ``make`` recorded, quoted, when there
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -193,3 +194,82 @@ def test_kv_offload_is_refused_by_name_where_this_vllm_cannot_do_it() -> None:
                               "--vllm-python", python, "--kv-offload", "2", "--kv-offload-backend", "lmcache"],
                              capture_output=True, text=True, timeout=300)
         assert run.returncode == 2 and "pip install lmcache" in run.stderr
+
+
+def _wait_healthy(url: str, proc: subprocess.Popen[str], log: Path, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while True:
+        if proc.poll() is not None:
+            pytest.fail(f"edgecloud serve exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
+        assert time.monotonic() < deadline, f"not healthy within {seconds:.0f} s:\n{log.read_text()[-3000:]}"
+        try:
+            if httpx.get(f"{url}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(2)
+
+
+def test_disaggregated_prefill_and_decode_answer_as_one_instance_and_survive_a_restart(
+        vllm_url: str, tmp_path: Path) -> None:
+    """Two vLLM instances with vLLM's shared-storage KV connector behind the proxy: the decode
+    instance reads the prompt's KV the prefill instance wrote (its usage says the prompt was
+    cached the first time it saw it), the answer is the single instance's, plain and streamed; a
+    decode instance killed is a 503 naming it until it is back, started again by the launcher."""
+    python = _vllm_python()
+    port = free_port()
+    while any(_port_taken(port + n) for n in (1, 2)):
+        port = free_port()
+    log = tmp_path / "pd.log"
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    with open(log, "w", encoding="utf-8") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "edgecloud", "serve", "--engine", "vllm", "--model", MODEL, "--port", str(port),
+             "--ctx", "2048", "--max-batch", "4", "--api-key", KEY, "--vllm-python", python,
+             "--disaggregate", "prefill=1,decode=1", "--vllm-arg=--enforce-eager"],
+            stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
+    url = f"http://127.0.0.1:{port}"
+    long_question = [{"role": "user", "content": "Name the capital of the country these cities are in: "
+                      + ", ".join(["Lyon", "Marseille", "Toulouse", "Nice", "Nantes", "Lille"] * 8) + "."}]
+    try:
+        _wait_healthy(url, proc, log, 900)
+        with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY) as client, \
+                openai.OpenAI(base_url=f"{vllm_url}/v1", api_key=KEY) as single:
+            reply = client.chat.completions.create(model=MODEL, messages=long_question, max_tokens=12, temperature=0)
+            alone = single.chat.completions.create(model=MODEL, messages=long_question, max_tokens=12, temperature=0)
+            streamed = "".join(c.choices[0].delta.content or "" for c in client.chat.completions.create(
+                model=MODEL, messages=long_question, max_tokens=12, temperature=0, stream=True) if c.choices)
+        assert reply.choices[0].message.content == alone.choices[0].message.content == streamed
+        details = reply.usage.prompt_tokens_details
+        assert details is not None and details.cached_tokens and details.cached_tokens >= 16  # KV from the prefill side
+        decode_port = port + 2
+        pids = subprocess.run(["pgrep", "-f", "--", f"--port {decode_port}"], capture_output=True, text=True).stdout.split()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(os.getpgid(int(pid)), 9)
+        deadline = time.monotonic() + 30
+        while httpx.get(f"{url}/health", timeout=5).status_code == 200:
+            assert time.monotonic() < deadline, "the proxy did not notice the decode instance had gone"
+            time.sleep(0.5)
+        health = httpx.get(f"{url}/health", timeout=5).json()
+        assert health["down"] == ["decode"]
+        down = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": QUESTION, "max_tokens": 4},
+                          headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert down.status_code == 503 and down.json()["error"]["code"] == "decode_unavailable"
+        _wait_healthy(url, proc, log, 900)  # the launcher started it again
+        again = httpx.post(f"{url}/v1/chat/completions", json={"model": MODEL, "messages": QUESTION, "max_tokens": 4},
+                           headers={"Authorization": f"Bearer {KEY}"}, timeout=300)
+        assert again.status_code == 200, again.text
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+
+
+def _port_taken(port: int) -> bool:
+    import socket
+
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0

@@ -47,8 +47,9 @@ def plan_command(
     """Plan a model's memory on a device: weights, KV cache, compute buffers, and whether it fits."""
     try:
         result = _plan(model, device, ctx, kv_cache_type)
-        cache = load_settings().cache
-        result = with_kv_tiers(result, cache.ram_mib * _MiB, cache.disk_mib * _MiB, cache.folder())
+        if not Path(model).expanduser().is_dir():  # the KV tiers are the llama.cpp runtime's; an ONNX export has none
+            cache = load_settings().cache
+            result = with_kv_tiers(result, cache.ram_mib * _MiB, cache.disk_mib * _MiB, cache.folder())
     except EdgeCloudError as exc:
         typer.echo(f"edgecloud: error: {exc}", err=True)
         raise typer.Exit(2) from None

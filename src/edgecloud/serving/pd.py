@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -288,10 +289,10 @@ class _Supervisor:
         while not self._stopping.is_set():
             started = time.monotonic()
             proc = subprocess.Popen(instance.argv, env=self.envs[index], start_new_session=True,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
             self._procs[index] = proc
-            assert proc.stderr is not None
-            for line in proc.stderr:
+            assert proc.stdout is not None
+            for line in proc.stdout:  # vLLM logs to both: one stream, each line said whose
                 sys.stderr.write(f"[{instance.role} {instance.url}] {line.decode(errors='replace')}")
             status = proc.wait()
             if self._stopping.is_set():
@@ -349,6 +350,7 @@ def launch_disaggregated(settings: VLLMSettings, split: Disaggregation, *, pytho
         return 0
     import uvicorn
 
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per health check otherwise
     proxy = PDProxy(instances, api_key=settings.api_key, uses_params=connector["kv_connector"] == "NixlConnector")
     supervisor = _Supervisor(instances, envs)
     supervisor.start()
