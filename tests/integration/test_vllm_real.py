@@ -263,9 +263,12 @@ def test_disaggregated_prefill_and_decode_answer_as_one_instance_and_survive_a_r
     finally:
         proc.terminate()
         try:
-            proc.wait(timeout=120)
+            proc.wait(timeout=180)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, 9)
+    # SIGTERM stops the instances too, not only the proxy
+    assert proc.returncode == 0, log.read_text()[-2000:]
+    assert not _port_taken(port + 1) and not _port_taken(port + 2)
 
 
 def _port_taken(port: int) -> bool:

@@ -357,11 +357,25 @@ def launch_disaggregated(settings: VLLMSettings, split: Disaggregation, *, pytho
     proxy.start()
     print(f"edgecloud: PD proxy at http://{settings.host}:{settings.port}/v1 ({split.prefill} prefill, "
           f"{split.decode} decode; /health says when both sides serve)", file=sys.stderr, flush=True)
+    # uvicorn in a thread of its own, the signals here: uvicorn.run re-raises SIGTERM once it has
+    # stopped, which would end this process before the instances are stopped
+    server = uvicorn.Server(uvicorn.Config(proxy.app, host=settings.host, port=settings.port, log_level="warning"))
+    serving = threading.Thread(target=server.run, name="pd-proxy", daemon=True)
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda signum, frame: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    serving.start()
     try:
-        uvicorn.run(proxy.app, host=settings.host, port=settings.port, log_level="warning")
+        while not stop.wait(0.5):
+            if not serving.is_alive():  # the proxy could not serve (its port taken, ...)
+                print(f"edgecloud: error: the PD proxy stopped serving on port {settings.port}", file=sys.stderr)
+                return 1
+        return 0
     finally:
+        server.should_exit = True
+        serving.join(timeout=30)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         proxy.close()
         supervisor.stop()
         asyncio.run(proxy._client.aclose())
         shutil.rmtree(storage, ignore_errors=True)
-    return 0
