@@ -22,7 +22,7 @@ one decode instance, once: nothing is retried after the decode instance has been
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -34,6 +34,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -167,8 +168,14 @@ class PDProxy:
             "type": "service_unavailable", "param": None, "code": f"{role}_unavailable"}})
 
     def _build(self) -> Any:
-        app = FastAPI(title="edgecloud PD proxy")
         proxy = self
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+            yield
+            await proxy._client.aclose()  # on the loop that used it (closing it elsewhere fails)
+
+        app = FastAPI(title="edgecloud PD proxy", lifespan=lifespan)
 
         def authorised(request: Request) -> bool:
             return proxy.api_key is None or request.headers.get("authorization") == f"Bearer {proxy.api_key}"
@@ -377,5 +384,4 @@ def launch_disaggregated(settings: VLLMSettings, split: Disaggregation, *, pytho
             signal.signal(sig, handler)
         proxy.close()
         supervisor.stop()
-        asyncio.run(proxy._client.aclose())
         shutil.rmtree(storage, ignore_errors=True)
