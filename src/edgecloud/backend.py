@@ -110,7 +110,6 @@ async def iterate_in_worker(make: Callable[[], Iterator[T]]) -> AsyncIterator[T]
         await asyncio.shield(future)
 
 
-
 def refuse_speculation(runtime: str, speculate: str | None) -> None:
     """Raise :class:`~edgecloud.errors.ConfigError` when ``edge_speculate`` asks a runtime that
     decodes plainly for drafts (``None``, ``"auto"`` and ``"off"`` are fine: auto means "where the
@@ -118,6 +117,7 @@ def refuse_speculation(runtime: str, speculate: str | None) -> None:
     if speculate not in (None, "auto", "off"):
         raise ConfigError(f"edge_speculate {speculate!r} needs the llama.cpp edge runtime; {runtime} decodes plainly "
                           "(use auto or off)")
+
 
 class Backend(ABC):
     """Base of every runtime. Subclasses implement :meth:`stream` only."""

@@ -130,7 +130,7 @@ def test_the_setting_reaches_the_runtime_and_is_checked(smollm2_path: Path, monk
 
 def _speculator(pass_seconds: list[float]) -> EdgeSpeculator:
     """A prompt-lookup speculator calibrated as if passes of 1, 2, 3 rows took ``pass_seconds``."""
-    spec = EdgeSpeculator("ngram")
+    spec = EdgeSpeculator()
     spec.calibrate(lambda limit: (3, [(rows, seconds) for rows, seconds in enumerate(pass_seconds, 1)] * 4))
     return spec
 
@@ -143,6 +143,6 @@ def test_the_controller_guesses_only_where_a_wider_pass_is_cheap() -> None:
 
 
 def test_where_no_batch_decodes_exactly_nothing_is_guessed() -> None:
-    spec = EdgeSpeculator("ngram")
+    spec = EdgeSpeculator()
     spec.calibrate(lambda limit: (1, [(1, 0.03), (2, 0.031)]))
     assert spec.disabled and spec.propose(spec.state(), [5, 6, 7, 8, 5, 6, 7], cap=8) == ("", [])

@@ -77,17 +77,7 @@ def vllm_url(smollm2_path: Path, tmp_path_factory: pytest.TempPathFactory) -> It
         )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 900
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"edgecloud serve --engine vllm exited with {proc.returncode}:\n{log.read_text()[-3000:]}")
-            assert time.monotonic() < deadline, f"vLLM did not serve within 900 s:\n{log.read_text()[-3000:]}"
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(2)
+        _wait_healthy(url, proc, log, 900)
         yield url
     finally:
         proc.terminate()

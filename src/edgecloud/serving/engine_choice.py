@@ -113,14 +113,15 @@ def choose_engine(*, vllm_version: str | None, vllm_on_cpu: bool, streams: int |
 
 def _first_taking_the_options(ranked: list[EngineChoice], refuses: Callable[[str], list[str]]) -> EngineChoice:
     """The first of ``ranked`` that takes every option given; the reason says which it passed over."""
+    passed_over: list[str] = []
     for choice in ranked:
         refused = refuses(choice.engine)
-        if not refused:
-            skipped = [c for c in ranked[:ranked.index(choice)]]
-            if not skipped:
-                return choice
-            why = "; ".join(f"{', '.join(refuses(c.engine))} does not apply to {c.engine}" for c in skipped)
-            return EngineChoice(choice.engine, f"{why}, so {choice.engine}, which takes it ({choice.reason})")
+        if refused:
+            passed_over.append(f"{', '.join(refused)} does not apply to {choice.engine}")
+            continue
+        if not passed_over:
+            return choice
+        return EngineChoice(choice.engine, f"{'; '.join(passed_over)}, so {choice.engine}, which takes it ({choice.reason})")
     return ranked[0]
 
 

@@ -136,7 +136,7 @@ class PDProxy:
                 status = httpx.get(f"{instance.url}/health", timeout=2.0).status_code
                 instance.healthy, instance.problem = status == 200, ("" if status == 200 else f"/health said {status}")
             except httpx.HTTPError as exc:
-                instance.healthy, instance.problem = False, f"{type(exc).__name__}: {exc}" or type(exc).__name__
+                instance.healthy, instance.problem = False, f"{type(exc).__name__}: {exc}"
 
     def _check_forever(self) -> None:
         while not self._stop.wait(HEALTH_EVERY_S):

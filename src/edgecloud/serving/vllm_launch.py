@@ -26,7 +26,7 @@ from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from ..errors import BackendUnavailableError, InvalidRequestError
 from ..runtime.hardware import nvidia_gpus
@@ -34,6 +34,9 @@ from ..store import HUB_PREFIX, get_entry, model_file, resolve_model
 from ..store.cache import sha256_file
 from ..store.convert import checkpoint_dir, hf_checkpoint, is_checkpoint
 from .vllm import VLLMSettings, format_command, is_hub_repo, vllm_command, vllm_environment
+
+if TYPE_CHECKING:
+    from .pd import Disaggregation
 
 __all__ = ["INSTALL_HINT", "VLLMInstall", "find_vllm", "launch_vllm", "vllm_sources"]
 
@@ -224,16 +227,18 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     the extras to install and the command that would have run) or cannot start as installed.
     """
     install = find_vllm(python)
+    split = None
     if disaggregate is not None:
         from .pd import Disaggregation
 
-        Disaggregation.parse(disaggregate)  # a malformed value is an error before anything else
-    if install is not None and dry_run and disaggregate is not None:
-        return _launch_disaggregated(settings, install, disaggregate, dry_run=True)
+        split = Disaggregation.parse(disaggregate)  # a malformed value is an error before anything else
+    if install is not None and dry_run and split is not None:
+        return _launch_disaggregated(settings, install, split, dry_run=True)
     if install is None or dry_run:
         source, draft = vllm_sources(settings, convert=False)
         module = install.module if install is not None else "vllm.entrypoints.launchers.api_server.entry"
-        argv = vllm_command(settings, source, python=vllm_python(python), module=module, draft_source=draft)
+        interpreter = install.python if install is not None else vllm_python(python)
+        argv = vllm_command(settings, source, python=interpreter, module=module, draft_source=draft)
         cpu = install.cpu if install is not None else not nvidia_gpus()
         shown = format_command(argv, vllm_environment(settings, cpu=cpu, base={}))
         if install is None:
@@ -245,8 +250,8 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     if install.problem is not None:
         raise BackendUnavailableError(f"vLLM cannot start: {install.problem}", cause="load_error")
     install.refuse_missing(settings)
-    if disaggregate is not None:
-        return _launch_disaggregated(settings, install, disaggregate)
+    if split is not None:
+        return _launch_disaggregated(settings, install, split)
     source, draft = vllm_sources(settings, convert=True)
     argv = vllm_command(settings, source, python=install.python, module=install.module, draft_source=draft)
     env = vllm_environment(settings, cpu=install.cpu)
@@ -257,10 +262,10 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     return _supervise(argv, env, settings)
 
 
-def _launch_disaggregated(settings: VLLMSettings, install: VLLMInstall, text: str, *, dry_run: bool = False) -> int:
-    from .pd import Disaggregation, launch_disaggregated
+def _launch_disaggregated(settings: VLLMSettings, install: VLLMInstall, split: Disaggregation, *,
+                          dry_run: bool = False) -> int:
+    from .pd import launch_disaggregated
 
-    split = Disaggregation.parse(text)
     if "kv_transfer" not in install.features:
         raise InvalidRequestError(f"vLLM {install.version} in {install.python} has no KV connectors "
                                   "(--kv-transfer-config): upgrade vLLM or leave --disaggregate out", param="disaggregate")
