@@ -9,7 +9,12 @@ and the same model on vLLM. Exits with a message (status 2) where no CUDA GPU is
    top-1 agreement / NLL change of FP8 vs bf16 (the self-check ``--quant auto`` runs).
 2. ``torch_engine``: :class:`~edgecloud.serving.engine_backend.TorchEngineBackend` in bf16 and in
    FP8 on the GPU, 1 / 8 / 16 concurrent greedy streams of ``--tokens`` tokens, tokens/s.
-3. ``vllm``: where vLLM is installed, its OpenAI server on the same model (converted from the
+3. ``spec_pass``: what edge speculation needs from the device (issue 30): the bf16 model's
+   forward pass of 1, 2, 3, 4, 8 and 16 rows after a 320-token context, in ms (median of 20),
+   as a multiple of one row, and whether the rows' logits equal those of single steps bitwise
+   (their largest difference and whether the argmax agrees): speculation pays where k + 1 rows
+   cost about one, and is exact where they round alike.
+4. ``vllm``: where vLLM is installed, its OpenAI server on the same model (converted from the
    GGUF like ``edgecloud serve --engine vllm``), bf16 and ``--quantization fp8``, same levels
    (``benchmarks/serving.py``'s client).
 
@@ -45,9 +50,14 @@ def check_scaled_mm(path: Path) -> dict[str, Any]:
     model = Transformer.from_gguf(path, precision="bf16", device="cuda")
     tokenizer = Tokenizer(path)
     inputs: dict[str, torch.Tensor] = {}
-    hooks = [model.get_submodule(name).register_forward_hook(
-        lambda module, args, out, name=name: inputs.setdefault(name, args[0].detach()))
-        for name in convertible_layers(model)]
+
+    def keep_input(name: str) -> Any:
+        def hook(module: torch.nn.Module, args: tuple[torch.Tensor, ...], out: torch.Tensor) -> None:
+            inputs.setdefault(name, args[0].detach())  # returns None: a hook's return value replaces the output
+
+        return hook
+
+    hooks = [model.get_submodule(name).register_forward_hook(keep_input(name)) for name in convertible_layers(model)]
     ids = tokenizer.encode("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n" * 8)[:256]
     with torch.inference_mode():
         model(torch.tensor(ids), None, model.new_cache(len(ids)))
@@ -83,6 +93,41 @@ def check_scaled_mm(path: Path) -> dict[str, Any]:
         "self_check": {"passed": check.passed, "top1_agreement": round(check.top1_agreement, 4),
                        "nll_delta_pct": round(check.nll_delta_pct, 3), "positions": check.positions},
     }
+
+
+def spec_pass(path: Path, context: int = 320, repeats: int = 20, device: str = "cuda") -> dict[str, Any]:
+    from edgecloud.engine import Tokenizer, Transformer
+
+    model = Transformer.from_gguf(path, precision="bf16", device=device)
+    tokenizer = Tokenizer(path)
+    text = "def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n    a, b = 0, 1\n" * 40
+    ids = tokenizer.encode(text)[: context + 16]
+    cache = model.new_cache(len(ids) + 1)
+    out: dict[str, Any] = {"context": context}
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
+    with torch.inference_mode():
+        model(torch.tensor(ids[:context], device=device), None, cache)
+        singles = []
+        for i in range(16):  # one row at a time: the reference a guess is checked against
+            singles.append(model(torch.tensor(ids[context + i : context + i + 1], device=device), None, cache)[0])
+        for rows in (1, 2, 3, 4, 8, 16):
+            block = torch.tensor(ids[context : context + rows], device=device)
+            times = []
+            for _ in range(repeats + 3):
+                cache.truncate(context)
+                sync()
+                started = time.perf_counter()
+                logits = model(block, None, cache)
+                sync()
+                times.append(time.perf_counter() - started)
+            diff = max(float((logits[i] - singles[i]).abs().max()) for i in range(rows))
+            same_argmax = all(int(logits[i].argmax()) == int(singles[i].argmax()) for i in range(rows))
+            out[str(rows)] = {"ms": round(sorted(times[3:])[repeats // 2] * 1e3, 3), "max_logit_diff": diff,
+                              "bitwise": diff == 0.0, "argmax_agrees": same_argmax}
+    one = out["1"]["ms"]
+    for rows in (2, 3, 4, 8, 16):
+        out[str(rows)]["x_one_row"] = round(out[str(rows)]["ms"] / one, 2)
+    return out
 
 
 def torch_engine(path: Path, precision: str, tokens: int) -> dict[str, Any]:
@@ -154,7 +199,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct-q4")
     parser.add_argument("--tokens", type=int, default=64)
-    parser.add_argument("--skip", default="", help="comma-separated: scaled_mm, torch, vllm")
+    parser.add_argument("--out", default=str(RESULTS))
+    parser.add_argument("--skip", default="", help="comma-separated: scaled_mm, spec_pass, torch, vllm")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("gpu_check: no CUDA GPU is visible here; run it on a machine with one", file=sys.stderr)
@@ -164,13 +210,17 @@ def main() -> None:
     report: dict[str, Any] = {"benchmark": "gpu_check", "model": args.model, "torch": torch.__version__}
     if "scaled_mm" not in skip:
         report["scaled_mm"] = check_scaled_mm(path)
+    if "spec_pass" not in skip:
+        report["spec_pass"] = spec_pass(path)
     if "torch" not in skip:
         report["torch_engine"] = {p: torch_engine(path, p, args.tokens) for p in ("bf16", "fp8")}
         bf16, fp8 = report["torch_engine"]["bf16"], report["torch_engine"]["fp8"]
         report["torch_engine"]["fp8_vs_bf16"] = {str(c): round(fp8[str(c)] / bf16[str(c)], 3) for c in LEVELS}
     if "vllm" not in skip:
         report["vllm"] = {q: vllm_levels(args.model, q, args.tokens) for q in ("bf16", "fp8")}
-    RESULTS.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(report, indent=2))
 
 
