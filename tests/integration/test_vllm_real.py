@@ -215,7 +215,7 @@ def test_disaggregated_prefill_and_decode_answer_as_one_instance_and_survive_a_r
     with open(log, "w", encoding="utf-8") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "edgecloud", "serve", "--engine", "vllm", "--model", MODEL, "--port", str(port),
-             "--ctx", "2048", "--max-batch", "4", "--api-key", KEY, "--vllm-python", python,
+             "--ctx", "4096", "--max-batch", "4", "--api-key", KEY, "--vllm-python", python,
              "--disaggregate", "prefill=1,decode=1", "--vllm-arg=--enforce-eager"],
             stdout=out, stderr=subprocess.STDOUT, text=True, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
@@ -232,6 +232,16 @@ def test_disaggregated_prefill_and_decode_answer_as_one_instance_and_survive_a_r
         assert reply.choices[0].message.content == alone.choices[0].message.content == streamed
         details = reply.usage.prompt_tokens_details
         assert details is not None and details.cached_tokens and details.cached_tokens >= 16  # KV from the prefill side
+        # a prompt longer than one step's token budget (2,048 here) is prefilled in chunks: its whole
+        # KV still reaches the decode side (vLLM's shared-storage connector saves a chunked prompt
+        # in part, and the decode engine died loading it, until the launcher stopped chunking)
+        with openai.OpenAI(base_url=f"{url}/v1", api_key=KEY) as client:
+            long_reply = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[
+                {"role": "user", "content": "Name the capital of the country these cities are in: "
+                 + ", ".join(["Lyon", "Marseille", "Toulouse", "Nice", "Nantes", "Lille"] * 130) + "."}])
+        assert long_reply.usage.prompt_tokens > 2048
+        cached = long_reply.usage.prompt_tokens_details
+        assert cached is not None and cached.cached_tokens is not None and cached.cached_tokens > 2048
         decode_port = port + 2
         pids = subprocess.run(["pgrep", "-f", "--", f"--port {decode_port}"], capture_output=True, text=True).stdout.split()
         for pid in pids:

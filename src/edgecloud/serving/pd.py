@@ -45,7 +45,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from ..errors import InvalidRequestError
 from .vllm import VLLMSettings, format_command, vllm_command, vllm_environment
 
-__all__ = ["Disaggregation", "PDProxy", "connector_config", "launch_disaggregated"]
+__all__ = ["Disaggregation", "PDProxy", "connector_args", "connector_config", "launch_disaggregated"]
 
 #: Seconds between health checks of each instance.
 HEALTH_EVERY_S = 1.0
@@ -83,6 +83,21 @@ def connector_config(*, cuda: bool, nixl: bool, storage: Path) -> dict[str, Any]
         return {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
     return {"kv_connector": "ExampleConnector", "kv_role": "kv_both",
             "kv_connector_extra_config": {"shared_storage_path": str(storage)}}
+
+
+def connector_args(connector: dict[str, Any], extra_args: list[str]) -> list[str]:
+    """What an instance needs besides ``--kv-transfer-config`` for ``connector`` to hand over a
+    whole prompt's KV.
+
+    vLLM's shared-storage ``ExampleConnector`` records what to save on a request's first step
+    only, so a prompt prefilled in chunks (a long one, or one that arrives while others take
+    part of the step's token budget) is saved in part, and the decode side, which claims the
+    whole prompt, fails to load it and its engine dies (vllm-project/vllm#16928). Without
+    chunked prefill a prompt is always prefilled in one step (vLLM then raises the step budget
+    to the context length).
+    """
+    chunking = any(a.split("=")[0] in ("--enable-chunked-prefill", "--no-enable-chunked-prefill") for a in extra_args)
+    return ["--no-enable-chunked-prefill"] if connector["kv_connector"] == "ExampleConnector" and not chunking else []
 
 
 @dataclass
@@ -337,7 +352,8 @@ def launch_disaggregated(settings: VLLMSettings, split: Disaggregation, *, pytho
     instances, envs = [], []
     for n, role in enumerate(roles):
         port = settings.port + 1 + n
-        own = replace(settings, port=port, host="127.0.0.1", extra_args=[*settings.extra_args, "--kv-transfer-config", config])
+        own = replace(settings, port=port, host="127.0.0.1", extra_args=[
+            *settings.extra_args, "--kv-transfer-config", config, *connector_args(connector, settings.extra_args)])
         env = vllm_environment(own, cpu=cpu)
         if cpu and "VLLM_CPU_KVCACHE_SPACE" not in os.environ:  # one machine's KV budget, shared out
             env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, int(env["VLLM_CPU_KVCACHE_SPACE"]) // len(roles)))
