@@ -115,8 +115,8 @@ def refuse_speculation(runtime: str, speculate: str | None) -> None:
     decodes plainly for drafts (``None``, ``"auto"`` and ``"off"`` are fine: auto means "where the
     runtime can")."""
     if speculate not in (None, "auto", "off"):
-        raise ConfigError(f"edge_speculate {speculate!r} needs the llama.cpp edge runtime; {runtime} decodes plainly "
-                          "(use auto or off)")
+        raise ConfigError(f"edge_speculate {speculate!r} needs an edge runtime that speculates (llama.cpp, or torch for "
+                          f"prompt lookup); {runtime} decodes plainly (use auto or off)")
 
 
 class Backend(ABC):

@@ -14,7 +14,7 @@ pytest.importorskip("llama_cpp")
 
 from edgecloud import EdgeCloud
 from edgecloud.edge.llamacpp import LlamaCppBackend
-from edgecloud.edge.llamacpp_spec import EdgeSpeculator
+from edgecloud.edge.speculation import EdgeSpeculator
 from edgecloud.errors import ConfigError, EdgeCloudError
 from edgecloud.types import ChatRequest
 
@@ -124,8 +124,55 @@ def test_the_setting_reaches_the_runtime_and_is_checked(smollm2_path: Path, monk
         assert client.edge.speculator is not None  # type: ignore[attr-defined]
     with pytest.raises(EdgeCloudError, match="edge_speculate"):
         EdgeCloud(edge_model=str(smollm2_path), edge_speculate=" ")
-    with pytest.raises(ConfigError, match="llama.cpp"):
-        EdgeCloud(edge_model=str(smollm2_path), edge_runtime="torch", edge_speculate="ngram").edge
+    with EdgeCloud(edge_model=str(smollm2_path), edge_runtime="torch", edge_speculate="ngram") as client:
+        assert client.edge.speculator is not None  # type: ignore[attr-defined]
+    with pytest.raises(ConfigError, match="draft model needs the llama.cpp"):
+        EdgeCloud(edge_model=str(smollm2_path), edge_runtime="torch", edge_speculate=str(smollm2_path)).edge
+
+
+@pytest.fixture(scope="module")
+def torch_trio(smollm2_path: Path) -> Iterator[tuple[object, object, object]]:
+    """The torch runtime plain, under ``auto`` (guessing only where its probe found a pass of
+    several rows exact on this machine), and guessing 2 tokens every step by prompt lookup."""
+    from edgecloud.edge.torch import TorchBackend
+
+    backends = [TorchBackend(smollm2_path, device="cpu", n_ctx=1024, speculate=mode, speculate_k=k, reuse_prefix=False)
+                for mode, k in (("off", None), ("auto", None), ("ngram", 2))]
+    try:
+        for backend in backends:
+            backend.load()
+        yield tuple(backends)  # type: ignore[misc]
+    finally:
+        for backend in backends:
+            backend.close()
+
+
+def _greedy(backend: object, messages: list[dict[str, str]]) -> object:
+    return backend.complete(ChatRequest(messages=messages, max_tokens=96, temperature=0))  # type: ignore[attr-defined]
+
+
+def test_the_torch_runtime_under_auto_writes_its_own_greedy_text(torch_trio: tuple[object, object, object]) -> None:
+    plain, auto, _ = torch_trio
+    for messages in (COPYING, FREE):
+        assert _greedy(auto, messages).text == _greedy(plain, messages).text  # type: ignore[attr-defined]
+    if auto.speculator.disabled is None:  # type: ignore[attr-defined]  # a device where wide passes are exact
+        spec = _greedy(auto, COPYING).usage.speculative  # type: ignore[attr-defined]
+        assert spec is None or spec["num_draft_tokens"] >= spec["num_accepted_tokens"]
+    else:
+        assert _greedy(auto, COPYING).usage.speculative is None  # type: ignore[attr-defined]
+
+
+def test_the_torch_runtime_writes_copied_text_from_accepted_guesses(torch_trio: tuple[object, object, object]) -> None:
+    """Guessing every step (exact or not on this CPU): much of the answer comes from accepted
+    guesses, and it still copies the function (rejected guesses are cut from the cache)."""
+    plain, _, guessing = torch_trio
+    answer = _greedy(guessing, COPYING)
+    usage = answer.usage  # type: ignore[attr-defined]
+    spec = usage.speculative
+    assert spec is not None and spec["num_accepted_tokens"] > usage.completion_tokens / 4, spec
+    assert sum(spec["k_trace"]) == spec["num_draft_tokens"]
+    assert "def read_scores(path):" in answer.text  # type: ignore[attr-defined]
+    assert _greedy(plain, COPYING).usage.speculative is None  # type: ignore[attr-defined]
 
 
 def _speculator(pass_seconds: list[float]) -> EdgeSpeculator:

@@ -32,10 +32,7 @@ are not thread-safe); a second caller waits for the first stream to finish or be
 
 from __future__ import annotations
 
-import contextlib
-import json
 import math
-import os
 import threading
 import time
 from collections.abc import Iterator
@@ -62,7 +59,7 @@ from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.stats import RuntimeStats
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .llamacpp_spec import EdgeSpeculator, parse_edge_speculate, spec_usage
+from .speculation import PROBE_LONG_CONTEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
 
 if TYPE_CHECKING:
     from ..config import CacheSettings
@@ -82,9 +79,6 @@ DEFAULT_PREFIX_CACHE_BYTES = 256 * 1024 * 1024
 #: After an answer, wait this long for a follow-up request before using the idle time to
 #: evaluate the next turn's header; back-to-back requests never pay for it.
 PREFETCH_GRACE_S = 0.1
-#: Context length at which the speculation probe checks again that a pass of several rows rounds
-#: as one row does (see :meth:`LlamaCppBackend._probe_rows`).
-PROBE_LONG_CONTEXT = 320
 #: Never prefetch more than this many tokens (a retokenized answer that diverged a lot).
 PREFETCH_MAX_TOKENS = 256
 
@@ -135,7 +129,7 @@ class LlamaCppBackend(TemplatedBackend):
     scratch, for benchmarks). ``flash_attn`` overrides the plan's attention kernel choice
     (a quantized KV cache always uses flash attention). ``speculate`` (``edge_speculate``:
     ``"auto"``, ``"ngram"``, ``"off"`` or a draft model) sets speculative decoding
-    (:mod:`edgecloud.edge.llamacpp_spec`); ``speculate_k`` fixes how many tokens each guess holds
+    (:mod:`edgecloud.edge.speculation`); ``speculate_k`` fixes how many tokens each guess holds
     (default: chosen per step by the controller). llama.cpp's logging is silenced unless ``verbose``.
     """
 
@@ -183,7 +177,7 @@ class LlamaCppBackend(TemplatedBackend):
         self._kv_cache_type = kv_cache_type.lower() if kv_cache_type else None
         self._flash_attn = flash_attn
         mode, draft = parse_edge_speculate(speculate)
-        #: Speculative decoding (None: off; see :mod:`edgecloud.edge.llamacpp_spec`).
+        #: Speculative decoding (None: off; see :mod:`edgecloud.edge.speculation`).
         self.speculator = (EdgeSpeculator(draft_model=draft, make_draft=self._load_draft, fixed_k=speculate_k)
                            if mode != "off" else None)
         self._kv = LlamaKVTiers(prefix_cache_bytes if reuse_prefix else 0, disk_cache_bytes if reuse_prefix else 0,
@@ -399,49 +393,38 @@ class LlamaCppBackend(TemplatedBackend):
         self._llm.eval(prefix)
         self._kv.save(pinned=True)
 
-    def _probe_rows(self, limit: int) -> tuple[int, list[tuple[int, float]]]:
+    def _probe_rows(self, limit: int) -> Probe:
         """How many rows one pass may verify with every row's logits bitwise equal to decoding
         the same tokens one at a time, and ``(rows, seconds)`` of the passes timed.
 
         llama.cpp's CPU kernels switch to matrix-matrix paths with other rounding from a few rows
         on, and (measured on an AVX2 CPU) the attention of two rows already rounds differently
         once the context holds about 250 tokens, so the rows are checked right after the fixed
-        prefix and again after :data:`PROBE_LONG_CONTEXT` tokens. The answer is kept on disk per
-        model, runtime, threads and CPU (the long probe costs a prefill), and the context is left
-        as it was."""
-        from ..store.cache import home_dir, known_sha256
+        prefix and again after :data:`~edgecloud.edge.speculation.PROBE_LONG_CONTEXT` tokens. The
+        answer is kept on disk per model, runtime, threads and CPU (the long probe costs a
+        prefill), and the context is left as it was."""
+        from ..store.cache import known_sha256
 
         assert self.model_path is not None
         key = "|".join([known_sha256(self.model_path), self._lib.__version__, str(self.llama_kwargs.get("n_threads")),
                         str(self.llama_kwargs.get("flash_attn")), str(self.llama_kwargs.get("type_k")),
                         str(limit), cpu_signature()])
-        record = home_dir() / "edge-speculation.json"
-        try:
-            known = json.loads(record.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            known = {}
-        if isinstance(known, dict) and isinstance(known.get(key), dict):
-            entry = known[key]
-            return int(entry["exact"]), [(int(r), float(s)) for r, s in entry["timed"]]
-        exact, timed = self._rows_exact_at(self._llm.n_tokens, limit)
-        if exact > 1 and self.n_ctx > PROBE_LONG_CONTEXT + 2 * limit:
-            llm = self._llm
-            start = llm.n_tokens
-            filler = (self._tokenize("for item in range(10):\n    print(item, item * item)\n") * 64)
-            try:
-                llm.eval(filler[: max(0, PROBE_LONG_CONTEXT - start)])
-                long_exact, _ = self._rows_exact_at(llm.n_tokens, exact)
-            finally:
-                _cut(llm, start)
-            exact = min(exact, long_exact)
-        if isinstance(known, dict):
-            known[key] = {"exact": exact, "timed": timed}
-            with contextlib.suppress(OSError):
-                record.parent.mkdir(parents=True, exist_ok=True)
-                tmp = record.with_suffix(f".{os.getpid()}.tmp")
-                tmp.write_text(json.dumps(known), encoding="utf-8")
-                os.replace(tmp, record)
-        return exact, timed
+
+        def measure() -> Probe:
+            exact, timed = self._rows_exact_at(self._llm.n_tokens, limit)
+            if exact > 1 and self.n_ctx > PROBE_LONG_CONTEXT + 2 * limit:
+                llm = self._llm
+                start = llm.n_tokens
+                filler = (self._tokenize("for item in range(10):\n    print(item, item * item)\n") * 64)
+                try:
+                    llm.eval(filler[: max(0, PROBE_LONG_CONTEXT - start)])
+                    long_exact, _ = self._rows_exact_at(llm.n_tokens, exact)
+                finally:
+                    _cut(llm, start)
+                exact = min(exact, long_exact)
+            return exact, timed
+
+        return remembered_probe(key, measure)
 
     def _rows_exact_at(self, start: int, limit: int) -> tuple[int, list[tuple[int, float]]]:
         """The most rows (up to ``limit``) one pass evaluates after position ``start`` with logits

@@ -33,6 +33,12 @@ construction), ``stats.fallbacks``, and the last chunk's ``route.reason`` ("on c
 An op that can run neither on the device nor on the CPU fails the request with
 :class:`~edgecloud.errors.BackendUnavailableError` naming it, before any chunk is sent.
 
+**Speculation** (``speculate``, the ``edge_speculate`` setting): prompt lookup verified in one
+pass, as on the llama.cpp runtime, with the shared :class:`~edgecloud.edge.speculation.EdgeSpeculator`;
+guesses stay within the rows a pass evaluates bitwise like single steps (probed at load, kept on
+disk per model, device, dtype and threads), so ``auto`` never changes greedy text. A draft model
+is refused (:class:`~edgecloud.errors.ConfigError`).
+
 Loading is lazy (:meth:`TorchBackend.load` or the first request); requests are served one at a
 time (:class:`~edgecloud.backend.SerialBackend`); closing the stream stops generation at once.
 """
@@ -47,6 +53,7 @@ if sys.platform == "darwin":
     os.environ.setdefault("PYTORCH_ENABLE_MPS_FALLBACK", "1")
 
 import contextlib
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +62,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..backend import SerialBackend, refuse_speculation
+from ..backend import SerialBackend
 from ..engine import DEFAULT_N_CTX, Tokenizer, Transformer, decode_one_token, prefill
 from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, InvalidRequestError
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
@@ -66,6 +73,8 @@ from ..store.catalogue import DEFAULT_MODEL
 from .op_fallback import CpuFallback, DeviceCaps, device_caps
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.stats import RuntimeStats
+from ..runtime.spec_control import SpecState
+from .speculation import PROBE_LONG_CONTEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
 
 __all__ = ["DEFAULT_MODEL", "DTYPES", "TorchBackend", "TorchStats"]
 
@@ -139,8 +148,7 @@ class TorchBackend(SerialBackend):
                cache: Any = None, kv_events: Any = None, speculate: str | None = None) -> TorchBackend:
         """From the client's settings: the torch device is picked here (``device`` names a memory
         profile for the other runtimes, not a torch device)."""
-        refuse_speculation(cls.name, speculate)
-        return cls(model, n_ctx=n_ctx)
+        return cls(model, n_ctx=n_ctx, speculate=speculate)
 
     def __init__(
         self,
@@ -151,9 +159,17 @@ class TorchBackend(SerialBackend):
         n_ctx: int | None = None,
         unsupported_ops: Iterable[str] | DeviceCaps | None = None,
         reuse_prefix: bool = True,
+        speculate: str | None = "auto",
+        speculate_k: int | None = None,
     ) -> None:
         if n_ctx is not None and n_ctx < 16:
             raise ConfigError(f"n_ctx must be at least 16 tokens, got {n_ctx}")
+        mode, draft = parse_edge_speculate(speculate)
+        if draft is not None:
+            raise ConfigError(f"edge_speculate {speculate!r}: a draft model needs the llama.cpp edge runtime; the torch "
+                              "runtime guesses by prompt lookup (auto or ngram) or decodes plainly (off)")
+        #: Prompt-lookup speculation (None: off; see :mod:`edgecloud.edge.speculation`).
+        self.speculator = EdgeSpeculator(fixed_k=speculate_k) if mode != "off" else None
         self.model = model
         self.model_name = Path(model).stem if isinstance(model, Path) or str(model).endswith(".gguf") else str(model)
         #: The torch device the model runs on ("cpu", "cuda", "mps").
@@ -254,7 +270,43 @@ class TorchBackend(SerialBackend):
         self._cache = model.new_cache(self.n_ctx)
         self._context = []
         self.model_path, self._model, self._tokenizer = path, model, tokenizer
+        if self.speculator is not None:
+            self.speculator.calibrate(self._probe_rows)
         return model, tokenizer
+
+    def _probe_rows(self, limit: int) -> Probe:
+        """How many rows one pass evaluates with every row's logits bitwise those of one-row
+        steps, right after a short context and again after
+        :data:`~edgecloud.edge.speculation.PROBE_LONG_CONTEXT` tokens, and the passes timed; kept
+        on disk per model, torch version, device, dtype and threads (on its own cache: the
+        chat's is left alone)."""
+        from ..runtime.hardware import cpu_signature
+        from ..store.cache import known_sha256
+
+        assert self.model_path is not None
+        where = torch.cuda.get_device_name() if self.device == "cuda" else cpu_signature()
+        key = "|".join(["torch", known_sha256(self.model_path), torch.__version__, self.device,
+                        str(self.dtype).removeprefix("torch."), str(torch.get_num_threads()), str(limit), where])
+        model, tokenizer = self._model, self._tokenizer
+        probe = (tokenizer.encode("def total(values):\n    return sum(v for v in values if v > 0)\n") * 2)[:limit]
+        filler = tokenizer.encode("for item in range(10):\n    print(item, item * item)\n") * 64
+
+        def measure() -> Probe:
+            exact, timed = 1, []
+            for context in (4, PROBE_LONG_CONTEXT):
+                if context + len(probe) + 1 > self.n_ctx:
+                    break
+                cache = model.new_cache(context + len(probe) + 1)
+                with self.fallback_scope(), torch.inference_mode():
+                    prefill(model, filler[:context], cache)
+                    found, passes = _rows_exact(model, cache, probe[: (limit if context == 4 else exact)])
+                exact = found if context == 4 else min(exact, found)
+                timed += passes if context == 4 else []
+                if exact < 2:
+                    break
+            return exact, timed
+
+        return remembered_probe(key, measure)
 
     def _free(self) -> None:
         tokenizer, self._tokenizer = self._tokenizer, None
@@ -293,20 +345,54 @@ class TorchBackend(SerialBackend):
             generated: list[int] = []
             stats = self.stats
             stats.started(len(prompt), cached)
+            spec = self.speculator if self.speculator is not None and self.speculator.disabled is None else None
+            state: SpecState | None = spec.state() if spec is not None else None
             try:
                 # the prefill: a failure here comes before any chunk
                 logits = self._step(lambda: prefill(model, prompt[self._cache.length :], self._cache))
                 yield answer.start()
-                while answer.generated < params.max_new_tokens:
-                    row = logits.float().cpu()
-                    token = chooser.pick(row.numpy())
+                max_new = params.max_new_tokens
+                row = logits.float().cpu().numpy()
+                pending = chooser.pick(row)
+                while True:
+                    token = pending
                     generated.append(token)
-                    yield from answer.push(token, row.numpy())
-                    if answer.done or answer.generated >= params.max_new_tokens:
+                    yield from answer.push(token, row)
+                    if answer.done or answer.generated >= max_new:
                         break
-                    logits = self._step(lambda: decode_one_token(model, token, self._cache))
+                    guess: list[int] = []
+                    if spec is not None and state is not None:
+                        # room for the token, the guess and the token after it, within max_tokens and the context
+                        cap = min(max_new - answer.generated - 1, self.n_ctx - self._cache.length - 2)
+                        proposer, guess = spec.propose(state, prompt + generated, cap)
+                    started = time.perf_counter()
+                    if not guess:
+                        row = self._step(lambda: decode_one_token(model, token, self._cache)).float().cpu().numpy()
+                        if spec is not None:
+                            spec.observe(1, time.perf_counter() - started)
+                        pending = chooser.pick(row)
+                        continue
+                    n_past = self._cache.length
+                    rows = self._step(lambda: _forward_rows(model, [token, *guess], self._cache)).float().cpu().numpy()
+                    assert spec is not None and state is not None
+                    spec.observe(len(guess) + 1, time.perf_counter() - started)
+                    accepted = 0
+                    for i in range(len(guess) + 1):
+                        row = rows[i]
+                        pending = chooser.pick(row)
+                        if i == len(guess) or pending != guess[i]:
+                            break
+                        accepted += 1  # the model writes the guessed token itself: emit it
+                        generated.append(pending)
+                        yield from answer.push(pending, row)
+                        if answer.done or answer.generated >= max_new:
+                            break
+                    spec.record(state, proposer, len(guess), accepted)
+                    self._cache.truncate(n_past + 1 + accepted)  # the token, then the accepted part of the guess
+                    if answer.done or answer.generated >= max_new:
+                        break
                 answer.route = self._route({k: n - before.get(k, 0) for k, n in self.fallbacks.items()})
-                yield from answer.finish(len(prompt), cached)
+                yield from answer.finish(len(prompt), cached, speculative=spec_usage(state))
             except (GeneratorExit, EdgeCloudError):
                 raise
             except Exception as exc:
@@ -334,3 +420,32 @@ class TorchBackend(SerialBackend):
         self._cache.truncate(keep)
         self._context = self._context[:keep]
         return keep
+
+
+@torch.inference_mode()
+def _forward_rows(model: Transformer, tokens: list[int], cache: Any) -> torch.Tensor:
+    """Evaluate ``tokens`` after what ``cache`` holds in one pass: logits ``[len(tokens), vocab]``
+    (row ``i``: the distribution after ``tokens[i]``); the cache then holds them."""
+    return model(torch.tensor(tokens, dtype=torch.long), None, cache)
+
+
+def _rows_exact(model: Transformer, cache: Any, probe: list[int]) -> Probe:
+    """The most rows (up to ``len(probe)``) one pass evaluates after what ``cache`` holds with
+    logits bitwise those of one-row steps, and the passes timed (each waits for its logits)."""
+    start = cache.length
+    single, timed = [], []
+    for token in probe:
+        began = time.perf_counter()
+        single.append(decode_one_token(model, token, cache).float().cpu())
+        timed.append((1, time.perf_counter() - began))
+    exact = 1
+    for rows in range(2, len(probe) + 1):
+        cache.truncate(start)
+        began = time.perf_counter()
+        out = _forward_rows(model, probe[:rows], cache).float().cpu()
+        timed.append((rows, time.perf_counter() - began))
+        if not all(torch.equal(out[i], single[i]) for i in range(rows)):
+            break
+        exact = rows
+    cache.truncate(start)
+    return exact, timed

@@ -30,7 +30,10 @@ draft before it is verified.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -39,12 +42,18 @@ from ..errors import ConfigError
 from ..runtime.spec_control import Acceptance, SpecConfig, SpecState, StepCost
 from ..runtime.spec_proposers import NgramProposer
 
-__all__ = ["EdgeSpeculator", "parse_edge_speculate", "spec_usage"]
+__all__ = ["EdgeSpeculator", "Probe", "parse_edge_speculate", "remembered_probe", "spec_usage"]
 
 _log = logging.getLogger("edgecloud.edge")
 
 #: Most tokens guessed at once on the device.
 EDGE_K_MAX = 8
+#: Context length at which a runtime's probe checks again that a pass of several rows rounds like
+#: single steps (attention over a longer context can round differently where a short one did not).
+PROBE_LONG_CONTEXT = 320
+
+#: A probe's answer: the most rows one pass evaluates exactly, and ``(rows, seconds)`` of the passes timed.
+Probe = tuple[int, list[tuple[int, float]]]
 
 
 def parse_edge_speculate(value: str | None) -> tuple[str, str | None]:
@@ -191,6 +200,32 @@ class EdgeSpeculator:
         if self._draft is not None:
             self._draft.close()
             self._draft = None
+
+
+def remembered_probe(key: str, measure: Callable[[], Probe]) -> Probe:
+    """``measure()``'s answer, kept in ``edge-speculation.json`` under the edgecloud home by
+    ``key`` (model, runtime, threads, device: what the answer depends on), so it is measured once
+    per machine; an unreadable record is measured again, an unwritable one is not kept."""
+    from ..store.cache import home_dir
+
+    record = home_dir() / "edge-speculation.json"
+    try:
+        known = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        known = {}
+    if isinstance(known, dict) and isinstance(known.get(key), dict):
+        entry = known[key]
+        with contextlib.suppress(KeyError, TypeError, ValueError):
+            return int(entry["exact"]), [(int(r), float(s)) for r, s in entry["timed"]]
+    exact, timed = measure()
+    if isinstance(known, dict):
+        known[key] = {"exact": exact, "timed": timed}
+        with contextlib.suppress(OSError):
+            record.parent.mkdir(parents=True, exist_ok=True)
+            tmp = record.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(json.dumps(known), encoding="utf-8")
+            os.replace(tmp, record)
+    return exact, timed
 
 
 def spec_usage(state: SpecState | None) -> dict[str, Any] | None:
