@@ -154,7 +154,7 @@ class EdgeSpeculator:
             return
         self.k_limit = min(self.config.k_max, exact - 1)
         self.disabled = None if self.k_limit >= 1 else (
-            "no batch of rows decodes exactly as one row does on this CPU: guesses would change greedy text")
+            "no batch of rows decodes exactly as one row does on this device: guesses would change greedy text")
         if self.disabled:
             _log.info("edge speculation off: %s", self.disabled)
         else:

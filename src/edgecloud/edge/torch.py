@@ -431,8 +431,13 @@ def _forward_rows(model: Transformer, tokens: list[int], cache: Any) -> torch.Te
 
 def _rows_exact(model: Transformer, cache: Any, probe: list[int]) -> Probe:
     """The most rows (up to ``len(probe)``) one pass evaluates after what ``cache`` holds with
-    logits bitwise those of one-row steps, and the passes timed (each waits for its logits)."""
+    logits bitwise those of one-row steps, and the passes timed (each waits for its logits; an
+    untimed pass of each shape first takes the device's warm-up, which would otherwise read as a
+    large fixed cost per pass and make every guess look free)."""
     start = cache.length
+    for rows in range(1, len(probe) + 1):  # untimed: a device's first pass of each shape includes its warm-up
+        _forward_rows(model, probe[:rows], cache)
+        cache.truncate(start)
     single, timed = [], []
     for token in probe:
         began = time.perf_counter()
