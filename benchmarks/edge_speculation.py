@@ -1,7 +1,8 @@
 """Speculative decoding on the device against the same runtime decoding plainly, in one run.
 
-For each model (default: the 0.5B and the 1.5B), two llama.cpp edge runtimes are loaded — one with
-``speculate="off"``, one with the default (``"auto"``: prompt lookup) — and every prompt is
+For each model (default: the 0.5B and the 1.5B), two edge runtimes are loaded (llama.cpp, or
+with ``--runtime torch`` the torch one on ``--device``) — one with ``speculate="off"``, one with
+the default (``"auto"``: prompt lookup) — and every prompt is
 answered by both, greedy, from a cleared context (the prefill is the same work for both), the two
 taking turns prompt by prompt so the machine's drift weighs on both alike. Prompts come in three
 kinds:
@@ -18,6 +19,7 @@ everywhere) under ``targets``. ``--repeats`` answers each prompt that many times
 (the median is kept).
 
     python benchmarks/edge_speculation.py [--models NAME ...] [--tokens 192] [--repeats 1] [--fixed-k K --out F]
+                                          [--runtime llamacpp|torch] [--device cuda]
 
 ``--fixed-k`` guesses K tokens every step instead of letting the controller decide (what guessing
 costs where the controller would not guess). The calibration (how many rows one pass verifies
@@ -117,9 +119,11 @@ TARGETS = {"edit_min": 2.0, "other_min": 0.95, "ttft_max": 1.05}
 
 
 def _answer(backend: Any, prompt: str, tokens: int) -> dict[str, Any]:
+    from edgecloud.edge.llamacpp import LlamaCppBackend
     from edgecloud.types import ChatRequest
 
-    backend.clear_prefix_cache()
+    if isinstance(backend, LlamaCppBackend):  # the torch runtime here keeps no prefix (reuse_prefix=False)
+        backend.clear_prefix_cache()
     request = ChatRequest(messages=[{"role": "user", "content": prompt}], temperature=0, max_tokens=tokens)
     start = time.perf_counter()
     stamps: list[float] = []
@@ -138,12 +142,23 @@ def _answer(backend: Any, prompt: str, tokens: int) -> dict[str, Any]:
             "accepted": spec["num_accepted_tokens"] if spec else 0, "drafted": spec["num_draft_tokens"] if spec else 0}
 
 
-def measure(name: str, tokens: int, repeats: int, fixed_k: int | None = None) -> dict[str, Any]:
+def _backend(runtime: str, path: Path, device: str, speculate: str, fixed_k: int | None) -> Any:
+    """One edge runtime on ``path``, each answer from a cleared context (the prefill is the same work for both)."""
+    if runtime == "torch":
+        from edgecloud.edge.torch import TorchBackend
+
+        return TorchBackend(path, device=device, n_ctx=2048, speculate=speculate, speculate_k=fixed_k,
+                            reuse_prefix=False)
     from edgecloud.edge.llamacpp import LlamaCppBackend
 
+    return LlamaCppBackend(path, n_ctx=2048, speculate=speculate, speculate_k=fixed_k, prefix_cache_bytes=0)
+
+
+def measure(name: str, tokens: int, repeats: int, fixed_k: int | None = None, runtime: str = "llamacpp",
+            device: str = "auto") -> dict[str, Any]:
     path = model_path(name)
-    plain = LlamaCppBackend(path, n_ctx=2048, speculate="off", prefix_cache_bytes=0)
-    spec = LlamaCppBackend(path, n_ctx=2048, prefix_cache_bytes=0, speculate_k=fixed_k)  # the default: auto
+    plain = _backend(runtime, path, device, "off", None)
+    spec = _backend(runtime, path, device, "auto", fixed_k)  # the default
     rows = []
     try:
         plain.load()
@@ -185,7 +200,7 @@ def measure(name: str, tokens: int, repeats: int, fixed_k: int | None = None) ->
                        "ttft_ratio_median": round(statistics.median(r["ttft_ratio"] for r in mine), 3),
                        "accepted_share_median": round(statistics.median(r["accepted_share"] for r in mine), 3),
                        "identical": f"{sum(r['identical'] for r in mine)}/{len(mine)}"}
-    return {"model": name, "fixed_k": fixed_k, "calibration": calibration, "kinds": kinds, "rows": rows}
+    return {"model": name, "runtime": runtime, "fixed_k": fixed_k, "calibration": calibration, "kinds": kinds, "rows": rows}
 
 
 def main() -> None:
@@ -194,10 +209,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=192)
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--fixed-k", type=int, default=None, help="guess this many tokens every step (no controller)")
+    parser.add_argument("--runtime", choices=("llamacpp", "torch"), default="llamacpp")
+    parser.add_argument("--device", default="auto", help="torch only: cuda, mps, cpu or auto")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args()
     with bench_lock():
-        models = [measure(name, args.tokens, args.repeats, args.fixed_k) for name in args.models]
+        models = [measure(name, args.tokens, args.repeats, args.fixed_k, args.runtime, args.device)
+                  for name in args.models]
     report = {
         "benchmark": "edge_speculation", "tokens": args.tokens, "repeats": args.repeats, "models": models,
         "targets": {

@@ -59,7 +59,7 @@ from ..runtime.scoring import TokenScore, check_token_ids
 from ..runtime.stats import RuntimeStats
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
-from .speculation import PROBE_LONG_CONTEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
+from .speculation import PROBE_FILLER, PROBE_LONG_CONTEXT, PROBE_TEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
 
 if TYPE_CHECKING:
     from ..config import CacheSettings
@@ -415,7 +415,7 @@ class LlamaCppBackend(TemplatedBackend):
             if exact > 1 and self.n_ctx > PROBE_LONG_CONTEXT + 2 * limit:
                 llm = self._llm
                 start = llm.n_tokens
-                filler = (self._tokenize("for item in range(10):\n    print(item, item * item)\n") * 64)
+                filler = self._tokenize(PROBE_FILLER) * 64
                 try:
                     llm.eval(filler[: max(0, PROBE_LONG_CONTEXT - start)])
                     long_exact, _ = self._rows_exact_at(llm.n_tokens, exact)
@@ -430,7 +430,7 @@ class LlamaCppBackend(TemplatedBackend):
         """The most rows (up to ``limit``) one pass evaluates after position ``start`` with logits
         bitwise those of one row at a time, and the timed passes; the context is cut back to ``start``."""
         llm, lib = self._llm, self._lib
-        probe = (self._tokenize("def total(values):\n    return sum(v for v in values if v > 0)\n") * 2)[:limit]
+        probe = (self._tokenize(PROBE_TEXT) * 2)[:limit]
         if start + len(probe) >= self.n_ctx:
             return 1, []
         shape = (self._n_vocab,)

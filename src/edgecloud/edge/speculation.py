@@ -1,7 +1,9 @@
 """Speculative decoding on the device: drafts verified by the edge model in one batched pass.
 
-This module owns :class:`EdgeSpeculator` (one per :class:`~edgecloud.edge.llamacpp.LlamaCppBackend`)
-and :func:`parse_edge_speculate` (the ``edge_speculate`` setting). An edge answer is decoded one
+This module owns :class:`EdgeSpeculator` (one per :class:`~edgecloud.edge.llamacpp.LlamaCppBackend`
+or :class:`~edgecloud.edge.torch.TorchBackend`), :func:`parse_edge_speculate` (the
+``edge_speculate`` setting) and :func:`remembered_probe` (each runtime's answer to how many rows
+one pass evaluates exactly, kept on disk). An edge answer is decoded one
 token per sweep of the weights through memory; when the next tokens can be guessed cheaply, the
 model checks a guess of ``k`` tokens in one pass (``k + 1`` rows cost little more than one on a
 memory-bound CPU) and keeps the longest prefix it would have written itself, plus its own next
@@ -42,7 +44,7 @@ from ..errors import ConfigError
 from ..runtime.spec_control import Acceptance, SpecConfig, SpecState, StepCost
 from ..runtime.spec_proposers import NgramProposer
 
-__all__ = ["EdgeSpeculator", "Probe", "parse_edge_speculate", "remembered_probe", "spec_usage"]
+__all__ = ["PROBE_FILLER", "PROBE_LONG_CONTEXT", "PROBE_TEXT", "EdgeSpeculator", "Probe", "parse_edge_speculate", "remembered_probe", "spec_usage"]
 
 _log = logging.getLogger("edgecloud.edge")
 
@@ -51,6 +53,10 @@ EDGE_K_MAX = 8
 #: Context length at which a runtime's probe checks again that a pass of several rows rounds like
 #: single steps (attention over a longer context can round differently where a short one did not).
 PROBE_LONG_CONTEXT = 320
+#: What a probe evaluates one row at a time and then in one pass (repeated to the rows asked for).
+PROBE_TEXT = "def total(values):\n    return sum(v for v in values if v > 0)\n"
+#: What fills the context up to :data:`PROBE_LONG_CONTEXT` before the second probe (repeated).
+PROBE_FILLER = "for item in range(10):\n    print(item, item * item)\n"
 
 #: A probe's answer: the most rows one pass evaluates exactly, and ``(rows, seconds)`` of the passes timed.
 Probe = tuple[int, list[tuple[int, float]]]

@@ -74,7 +74,7 @@ from .op_fallback import CpuFallback, DeviceCaps, device_caps
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.stats import RuntimeStats
 from ..runtime.spec_control import SpecState
-from .speculation import PROBE_LONG_CONTEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
+from .speculation import PROBE_FILLER, PROBE_LONG_CONTEXT, PROBE_TEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
 
 __all__ = ["DEFAULT_MODEL", "DTYPES", "TorchBackend", "TorchStats"]
 
@@ -288,22 +288,20 @@ class TorchBackend(SerialBackend):
         key = "|".join(["torch", known_sha256(self.model_path), torch.__version__, self.device,
                         str(self.dtype).removeprefix("torch."), str(torch.get_num_threads()), str(limit), where])
         model, tokenizer = self._model, self._tokenizer
-        probe = (tokenizer.encode("def total(values):\n    return sum(v for v in values if v > 0)\n") * 2)[:limit]
-        filler = tokenizer.encode("for item in range(10):\n    print(item, item * item)\n") * 64
+        probe = (tokenizer.encode(PROBE_TEXT) * 2)[:limit]
+        filler = tokenizer.encode(PROBE_FILLER) * 64
+
+        def rows_exact_after(context: int, tokens: list[int]) -> Probe:
+            """:func:`_rows_exact` after ``context`` filler tokens, on a cache of its own."""
+            cache = model.new_cache(context + len(tokens) + 1)
+            with self.fallback_scope(), torch.inference_mode():
+                prefill(model, filler[:context], cache)
+                return _rows_exact(model, cache, tokens)
 
         def measure() -> Probe:
-            exact, timed = 1, []
-            for context in (4, PROBE_LONG_CONTEXT):
-                if context + len(probe) + 1 > self.n_ctx:
-                    break
-                cache = model.new_cache(context + len(probe) + 1)
-                with self.fallback_scope(), torch.inference_mode():
-                    prefill(model, filler[:context], cache)
-                    found, passes = _rows_exact(model, cache, probe[: (limit if context == 4 else exact)])
-                exact = found if context == 4 else min(exact, found)
-                timed += passes if context == 4 else []
-                if exact < 2:
-                    break
+            exact, timed = rows_exact_after(4, probe)
+            if exact > 1 and self.n_ctx > PROBE_LONG_CONTEXT + len(probe) + 1:
+                exact = min(exact, rows_exact_after(PROBE_LONG_CONTEXT, probe[:exact])[0])
             return exact, timed
 
         return remembered_probe(key, measure)
@@ -342,7 +340,7 @@ class TorchBackend(SerialBackend):
                 request, self.model_name, self._route(),
                 piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
             )
-            generated: list[int] = []
+            written = list(prompt)  # the prompt, then every emitted token: what guesses continue
             stats = self.stats
             stats.started(len(prompt), cached)
             spec = self.speculator if self.speculator is not None and self.speculator.disabled is None else None
@@ -356,7 +354,7 @@ class TorchBackend(SerialBackend):
                 pending = chooser.pick(row)
                 while True:
                     token = pending
-                    generated.append(token)
+                    written.append(token)
                     yield from answer.push(token, row)
                     if answer.done or answer.generated >= max_new:
                         break
@@ -364,7 +362,7 @@ class TorchBackend(SerialBackend):
                     if spec is not None and state is not None:
                         # room for the token, the guess and the token after it, within max_tokens and the context
                         cap = min(max_new - answer.generated - 1, self.n_ctx - self._cache.length - 2)
-                        proposer, guess = spec.propose(state, prompt + generated, cap)
+                        proposer, guess = spec.propose(state, written, cap)
                     started = time.perf_counter()
                     if not guess:
                         row = self._step(lambda: decode_one_token(model, token, self._cache)).float().cpu().numpy()
@@ -383,7 +381,7 @@ class TorchBackend(SerialBackend):
                         if i == len(guess) or pending != guess[i]:
                             break
                         accepted += 1  # the model writes the guessed token itself: emit it
-                        generated.append(pending)
+                        written.append(pending)
                         yield from answer.push(pending, row)
                         if answer.done or answer.generated >= max_new:
                             break
@@ -396,7 +394,7 @@ class TorchBackend(SerialBackend):
             except (GeneratorExit, EdgeCloudError):
                 raise
             except Exception as exc:
-                generated.clear()
+                del written[len(prompt):]
                 self._cache.truncate(0)
                 raise BackendError(
                     f"the torch backend failed while generating on {self.device}: {exc}", cause="runtime_error"
@@ -404,7 +402,7 @@ class TorchBackend(SerialBackend):
             finally:
                 stats.completion_tokens += answer.generated  # counted before each chunk is sent
                 # the cache holds the prompt and the answer up to its last decoded token
-                self._context = (prompt + generated)[: self._cache.length]
+                self._context = written[: self._cache.length]
 
     def _step(self, run: Callable[[], torch.Tensor]) -> torch.Tensor:
         """One model step (the prefill or one decode step) under the CPU fallback."""
