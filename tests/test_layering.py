@@ -29,7 +29,7 @@ RANKS: list[set[str]] = [
     {"types"},
     {"store"},
     {"config"},
-    {"runtime", "observability"},
+    {"runtime", "observability", "capabilities"},
     {"engine"},
     {"backend"},
     {"edge", "remote"},

@@ -26,6 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Generator, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar, runtime_checkable
 
+from .capabilities import Capabilities
 from .errors import BackendError, BackendUnavailableError, ConfigError
 
 from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chunks
@@ -144,6 +145,9 @@ class Backend(ABC):
     #: The backend's own Prometheus metrics (a serving engine keeps them; None: the server
     #: measures requests itself).
     metrics: Any = None
+    #: What a remote endpoint was seen to accept or refuse (None: a local runtime, which does
+    #: what its class attributes say).
+    capabilities: Capabilities | None = None
 
     @abstractmethod
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:

@@ -202,10 +202,11 @@ class CollabSettings(_Section):
     mode: CollabMode = Field(
         "auto",
         description="auto: verified mode for answers that start on the edge (when a cloud is configured; token mode "
-                    "where token ids cannot be shared); off: one side answers; checked: the edge writes while sure and "
+                    "where token ids cannot be shared; probe mode for a cloud that only chats); off: one side answers; checked: the edge writes while sure and "
                     "the cloud checks the tokens it is unsure of; token: the cloud writes text spans where the edge is "
                     "unsure; verified: the cloud checks every drafted token (its greedy text, token for token); "
-                    "cascade: the buffered middle-band check.",
+                    "cascade: the buffered middle-band check; probe: the edge's first tokens decide whether it or the cloud "
+                    "writes the whole answer.",
     )
     gate_signal: Literal["entropy", "top1", "margin"] = Field(
         "top1", description="Token mode: what the gate reads from the edge's next-token distribution.",
@@ -233,6 +234,12 @@ class CollabSettings(_Section):
         None, ge=0, description="Most cloud calls (spans, checks) per answer; once spent the edge writes alone "
                                 "(unset: no limit).",
         examples=[8],
+    )
+    probe_threshold: float | None = Field(
+        None, ge=0, le=1,
+        description="Probe mode: the cloud writes the whole answer when the check's score of the edge's first tokens "
+                    "is at least this (0: always the cloud, 1: always the edge; unset: the packaged check's, chosen "
+                    "held out by task family).",
     )
     draft_min: int = Field(1, ge=1, le=64, description="Checked and verified mode: fewest tokens one check sends.")
     draft_max: int = Field(12, ge=1, le=64, description="Checked and verified mode: most tokens one check sends.")

@@ -23,7 +23,10 @@ route record read that field, never the message::
     │   └── GenerationCancelled                   the caller stopped the stream
     ├── PrivacyViolationError                     a device-only request cannot run on the device
     └── ConfigError                               bad settings file or environment variable
-        └── ScoringUnsupportedError               an endpoint cannot score a continuation
+        └── ExtensionUnsupportedError             an endpoint refused an extension edgecloud asked for
+            ├── ScoringUnsupportedError           ... scoring a continuation (/v1/completions, echo)
+            ├── ContinuationUnsupportedError      ... continuing an assistant message
+            └── VocabularyMismatchError           ... token ids: its model splits text differently
 """
 
 from __future__ import annotations
@@ -48,7 +51,10 @@ __all__ = [
     "GenerationCancelled",
     "PrivacyViolationError",
     "ConfigError",
+    "ExtensionUnsupportedError",
     "ScoringUnsupportedError",
+    "ContinuationUnsupportedError",
+    "VocabularyMismatchError",
 ]
 
 
@@ -60,11 +66,13 @@ __all__ = [
 #: (missing, broken or unloadable model), ``out_of_memory``, ``context_overflow``,
 #: ``runtime_error`` (the runtime failed while generating), ``closed`` (the backend was closed),
 #: ``circuit_open`` (skipped after repeated failures), ``cancelled``. Caller: ``invalid_request``, ``authentication``, ``privacy``, ``config``.
+#: ``unsupported``: an endpoint refused an extension edgecloud sent (scoring, continuing an
+#: assistant message); the answer moves to a mode that does without it.
 #: ``unknown``: nothing typed it.
 FailureCause = Literal[
     "connect", "timeout", "disconnected", "malformed_stream", "rate_limited", "server_error",
     "load_error", "out_of_memory", "context_overflow", "runtime_error", "closed", "circuit_open", "cancelled",
-    "invalid_request", "authentication", "privacy", "config", "unknown",
+    "invalid_request", "authentication", "privacy", "config", "unsupported", "unknown",
 ]
 FAILURE_CAUSES: tuple[str, ...] = get_args(FailureCause)
 
@@ -207,6 +215,38 @@ class ConfigError(EdgeCloudError, ValueError):
     cause: FailureCause = "config"
 
 
-class ScoringUnsupportedError(ConfigError):
+class ExtensionUnsupportedError(ConfigError):
+    """An endpoint refused something beyond plain chat that edgecloud asked of it (``extension``
+    names the :data:`~edgecloud.remote.capabilities.Capability`). Under ``collab="auto"`` the answer
+    moves to the next mode that does without it and nothing is raised; a mode asked for by name
+    raises it, saying which mode works instead."""
+
+    cause: FailureCause = "unsupported"
+    #: The capability the endpoint lacks.
+    extension: str = ""
+
+    def __init__(self, message: str, *, extension: str | None = None) -> None:
+        super().__init__(message)
+        if extension is not None:
+            self.extension = extension
+
+
+class ScoringUnsupportedError(ExtensionUnsupportedError):
     """An endpoint does not score a given continuation (``echo`` + ``logprobs`` on
     ``/v1/completions``): checked and verified mode cannot use it."""
+
+    extension = "score"
+
+
+class ContinuationUnsupportedError(ExtensionUnsupportedError):
+    """An endpoint does not continue a partial assistant message (``continue_final_message``):
+    token mode's spans and a mid-answer hand-over to it cannot use it."""
+
+    extension = "continue"
+
+
+class VocabularyMismatchError(ExtensionUnsupportedError):
+    """The endpoint's model splits text into other token ids than the edge's: token ids cannot
+    be shared with it (checked and verified mode)."""
+
+    extension = "token_ids"

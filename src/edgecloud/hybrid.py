@@ -43,8 +43,8 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from .answer import AnswerHooks, AnswerRecorder, Part
-from .backend import Backend, Drafter
-from .collab import AUTO_MODE, MODES, TEXT_MODE, AnswerRun, Mode, can_score
+from .backend import Backend
+from .collab import MODES, TEXT_MODE, AnswerRun, Mode, auto_mode
 from .config import CollabSettings, EdgeCloudSettings, load_settings
 from .errors import ConfigError, InvalidRequestError
 from .fallback import Attempt, CircuitBreaker
@@ -194,8 +194,9 @@ class Hybrid(Backend):
 
         Nothing is shared when one side is missing or privacy keeps the request on the device, nor
         for an answer held to a grammar (structured output, tool calls: a span would hand a half
-        to another side's grammar). ``auto`` is :data:`edgecloud.collab.AUTO_MODE` for every answer
-        the edge can start, also those the router's score would send to the cloud (the score does
+        to another side's grammar). ``auto`` is the best mode the sides can run
+        (:func:`edgecloud.collab.auto_mode`: verified, token or probe, by what the edge runtime and
+        each endpoint were seen to do) for every answer the edge can start, also those the router's score would send to the cloud (the score does
         not carry over to unseen tasks; a shared mode reads the edge's own uncertainty while it
         writes): only ``route="cloud"``, a prompt the edge cannot hold, or an edge that is down
         start on the cloud. A mode that needs the edge's token logprobs falls back to one side
@@ -218,15 +219,16 @@ class Hybrid(Backend):
             return plain
         edge = self.edge
         auto = asked == "auto"
+        why = ""
         if auto:
             if edge is None:
                 return plain
-            auto = self._auto_mode(edge, decision)
-            if auto is None:
+            chosen, why = auto_mode(edge, self.clouds, redacted=decision.redaction is not None)
+            if chosen is None:
                 return plain
-            asked = auto
+            asked = chosen
         wanted = MODES[asked]
-        if not wanted.shared:  # the cascade: an edge answer checked after the fact
+        if wanted.middle_band_only:  # the cascade: an edge answer checked after the fact
             cascade = decision.cascade and self.settings.router.cascade and decision.target == "edge"
             return ModePlan(wanted.name, decision.target) if cascade else plain
         if edge is None:
@@ -244,20 +246,8 @@ class Hybrid(Backend):
         if decision.target == "cloud":
             notes.append(("edge_starts", "the edge starts and the cloud writes where it is unsure"))
         if auto:
-            why = ("the edge drafts token ids and the cloud scores them" if wanted.name == AUTO_MODE else
-                   "token ids cannot be shared here, text can")
             notes.append(("policy", f"collab=auto chose {wanted.name} mode: {why}"))
         return ModePlan(wanted.name, "edge", notes, auto=auto)
-
-    def _auto_mode(self, edge: Backend, decision: RouteDecision) -> str | None:
-        """What ``collab="auto"`` runs for an answer both sides may share: :data:`AUTO_MODE` when
-        the edge drafts token ids and every cloud scores them (and nothing is redacted: the cloud
-        would see token ids), else the text-span mode when the edge gives logprobs, else None
-        (one side answers)."""
-        tokens_ok = isinstance(edge, Drafter) and all(can_score(c) for c in self.clouds)
-        if tokens_ok and decision.redaction is None:
-            return AUTO_MODE
-        return TEXT_MODE if edge.supports_logprobs else None
 
     def answer_settings(self, request: ChatRequest) -> CollabSettings:
         """The client's ``collab`` settings under the request's own (``collab={...}``)."""
@@ -327,10 +317,12 @@ class Hybrid(Backend):
         return os.path.basename(str(model)) if model is not None else "edge"
 
     def stats(self) -> dict[str, Any]:
-        """Totals since the client started: requests per side, fallbacks, cost and saving."""
+        """Totals since the client started: requests per side, fallbacks, cost and saving; the
+        circuits; and what each cloud endpoint was seen to accept (``clouds``)."""
         out = self.totals.snapshot()
         out["circuits"] = {"edge": self.edge_breaker.state,
                            **{b.name: b.state for b in self.cloud_breakers}}
+        out["clouds"] = [c.capabilities.snapshot() for c in self.clouds if c.capabilities is not None]
         return out
 
     def load(self) -> None:
@@ -380,15 +372,16 @@ class _Run:
         self._span: Any = None
         attempts = hybrid._attempts(decision, plan.target)
         mode = MODES[plan.mode]
-        if mode.shared and {a.side for a in attempts} != {"edge", "cloud"}:
+        if mode.decides_while_writing and {a.side for a in attempts} != {"edge", "cloud"}:
             mode = MODES["off"]  # a cloud circuit is open: one side answers
         self.recorder.set_mode(mode.name)
-        if mode.shared:
+        if mode.decides_while_writing:
             self.recorder.note("collab_mode", f"{mode.name} mode: {mode.describe}")
         self.mode: Mode = mode()
         settings = hybrid.settings
         self.answer = AnswerRun(request, attempts, hybrid.answer_settings(request), self.recorder,
-                                mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence, auto=plan.auto)
+                                mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence, auto=plan.auto,
+                                redacted=self.decision.redaction is not None)
 
     def span(self) -> Any:
         """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""

@@ -29,7 +29,11 @@ class RedactedBackend(Backend):
         self.name = inner.name  # type: ignore[misc]
         self.model_name, self.n_ctx, self.base_url = inner.model_name, inner.n_ctx, inner.base_url
         self.supports_logprobs = inner.supports_logprobs  # type: ignore[misc]
-        self.supports_continuation = inner.supports_continuation  # type: ignore[misc]
+        self.capabilities = inner.capabilities
+
+    @property
+    def supports_continuation(self) -> bool:  # type: ignore[override]
+        return self.inner.supports_continuation
 
     def _redacted(self, request: ChatRequest) -> ChatRequest:
         redacted = [ChatMessage(role=m["role"], content=m["content"]) for m in self.messages]

@@ -153,8 +153,10 @@ def test_text_spans_where_token_ids_cannot_be_shared(edge: Backend, server: Serv
 
 
 def test_auto_steps_aside_for_a_cloud_that_cannot_score(edge: Backend) -> None:
-    """An OpenAI-compatible endpoint without scoring: the first answer goes on on the edge (and says
-    so), later ones share by text spans; asked for by name, verified mode is a ConfigError."""
+    """An OpenAI-compatible endpoint without scoring (here one that refuses every request, so its
+    continuing text cannot be told either): the first answer steps down to text spans before
+    anything is shown (and says why), later ones start there; asked for by name, verified mode is a
+    ConfigError."""
     from edgecloud.errors import ConfigError
 
     fake = ScriptedServer()
@@ -165,9 +167,10 @@ def test_auto_steps_aside_for_a_cloud_that_cannot_score(edge: Backend) -> None:
         with client(Doubting(edge), fake.url, gate=1.0) as c:
             text, first = run(c)
             _, later = run(c)
-        assert text and first.route.collab == "verified" and first.route.tokens["cloud"] == 0
-        assert any("cannot score" in n.text for n in first.route.notes if n.code == "collab_mode")
+        assert text and first.route.collab == "token" and first.route.tokens["cloud"] == 0
+        assert any("'score'" in n.text for n in first.route.notes if n.code == "collab_mode")
         assert later.route.collab == "token"
+        assert not any(n.code == "collab_mode" and "refused" in n.text for n in later.route.notes)
         fake.script(json_reply(400, refusal))
         with client(Doubting(edge), fake.url) as c, pytest.raises(ConfigError, match="cannot score"):
             run(c, collab="verified")

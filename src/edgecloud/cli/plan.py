@@ -43,6 +43,10 @@ def plan_command(
         None, "--kv-cache-type", help=f"Force the KV cache type: {', '.join(KV_CACHE_TYPES)} (default: f16, quantized only when needed)."
     ),
     json_output: bool = typer.Option(False, "--json", help="Print one JSON object."),
+    cloud_base_url: Optional[str] = typer.Option(
+        None, "--cloud-base-url", help="Also ask this cloud endpoint what it can do (a few one-token requests) "
+                                       "and say which collaboration mode collab=auto runs with it."),
+    cloud_model: Optional[str] = typer.Option(None, "--cloud-model", help="The model the cloud endpoint serves."),
 ) -> None:
     """Plan a model's memory on a device: weights, KV cache, compute buffers, and whether it fits."""
     try:
@@ -50,11 +54,12 @@ def plan_command(
         if not Path(model).expanduser().is_dir():  # the KV tiers are the llama.cpp runtime's; an ONNX export has none
             cache = load_settings().cache
             result = with_kv_tiers(result, cache.ram_mib * _MiB, cache.disk_mib * _MiB, cache.folder())
+        cloud = _cloud(cloud_base_url, cloud_model, onnx=Path(model).expanduser().is_dir())
     except EdgeCloudError as exc:
         typer.echo(f"edgecloud: error: {exc}", err=True)
         raise typer.Exit(2) from None
     if json_output:
-        typer.echo(json.dumps(result.to_dict()))
+        typer.echo(json.dumps({**result.to_dict(), **({"cloud": cloud} if cloud else {})}))
         return
     table = Table(title=f"{result.model} on {result.device}", show_header=False)
     table.add_column("item")
@@ -82,3 +87,33 @@ def plan_command(
     console = Console()
     console.print(table)
     console.print(result.reason)
+    if cloud:
+        found = Table(title=f"cloud {cloud['endpoint']} ({cloud['model']})", show_header=False)
+        found.add_column("capability")
+        found.add_column("", justify="right")
+        for name, ok in cloud["capabilities"].items():
+            found.add_row(name, "[green]yes[/green]" if ok else "[red]no[/red]" if ok is False else "not tried")
+        console.print(found)
+        console.print(f"collab=auto runs {cloud['auto_mode']} mode: {cloud['why']}")
+
+
+def _cloud(base_url: str | None, model: str | None, *, onnx: bool) -> dict[str, object] | None:
+    """What the cloud endpoint can do, and the mode ``collab="auto"`` runs with this edge model."""
+    if base_url is None:
+        return None
+    from ..collab.auto import choose_mode
+    from ..remote.client import CloudBackend
+
+    settings = load_settings()
+    model = model or settings.cloud_model
+    if not model:
+        raise typer.BadParameter("name the model the endpoint serves", param_hint="--cloud-model")
+    key = settings.cloud_api_key.get_secret_value() if settings.cloud_api_key is not None else None
+    with CloudBackend(base_url, model, api_key=key) as backend:
+        backend.load()
+        found = backend.discover()
+    table = found.table()
+    runtime = "onnx" if onnx else "llamacpp"  # what plans a folder, what plans a GGUF file
+    mode, why = choose_mode(runtime=runtime, drafts=not onnx, logprobs=True, scores=bool(table["score"]) and
+                            table["token_ids"] is not False, continues=table["continue"] is not False)
+    return {**found.snapshot(), "auto_mode": mode or "off", "why": why}

@@ -72,6 +72,7 @@ class CascadeMode(Mode):
     """Edge first, checked, escalated when unsure (see the module docstring)."""
 
     name = "cascade"
+    middle_band_only = True
 
     def chunks(self, run: AnswerRun) -> Iterator[ChatCompletionChunk]:
         first = _first(run)

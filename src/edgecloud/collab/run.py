@@ -29,9 +29,10 @@ from typing import Any, ClassVar
 from ..answer import AnswerRecorder, Part, event
 from ..backend import ChatTokenizer, close_stream, iterate_in_worker
 from ..config import CollabSettings
-from ..errors import AuthenticationError, BackendError, ConfigError, ModelError
+from ..errors import AuthenticationError, BackendError, ConfigError, ExtensionUnsupportedError, ModelError
 from ..fallback import Attempt, FailoverStream, Handover, can_fall_back, cause_of, continuation
 from ..router.cascade import ConfidenceCheck
+from .auto import auto_mode
 from ..types import (
     ChatCompletionChunk,
     ChatRequest,
@@ -64,6 +65,20 @@ class AnswerRun:
     confidence: ConfidenceCheck | None = None
     #: Whether ``collab="auto"`` chose the mode (a mode that turns out not to fit then steps aside).
     auto: bool = False
+    #: Whether the clouds see a redacted conversation (no token ids may be shared with them).
+    redacted: bool = False
+
+    def step_down(self, refused: ExtensionUnsupportedError, by: Attempt) -> Iterator[ChatCompletionChunk]:
+        """The answer, written by the next mode ``auto`` ranks (:func:`~edgecloud.collab.auto.auto_mode`)
+        now that ``by`` refused an extension; called before anything of it was shown."""
+        edge = self.edge
+        assert edge is not None
+        name, why = auto_mode(edge.backend, [a.backend for a in self.clouds], redacted=self.redacted, probe=True)
+        mode = MODES[name or "off"]
+        self.recorder.note("collab_mode", f"{by.label or by.backend.name} refused {refused.extension!r}: "
+                                          f"{mode.name} mode instead ({why})")
+        self.recorder.set_mode(mode.name)
+        yield from mode().chunks(self)
 
     @property
     def edge(self) -> Attempt | None:
@@ -88,6 +103,10 @@ class Mode(ABC):
     name: ClassVar[str]
     #: Whether both sides write (token counts and cloud calls are counted as the answer forms).
     shared: ClassVar[bool] = False
+    #: Whether it decides between the sides while the answer is written (needs both sides up).
+    decides_while_writing: ClassVar[bool] = False
+    #: Whether it runs only for the router's middle band of scores (the buffered cascade).
+    middle_band_only: ClassVar[bool] = False
     #: Whether it reads the edge's token logprobs (an edge runtime without them cannot run it).
     needs_logprobs: ClassVar[bool] = False
     #: Whether it works on a redacted conversation (a mode that sends token ids cannot).
@@ -119,6 +138,7 @@ class SharedMode(Mode):
     """A mode in which both sides write: each answer is one :attr:`answer` run."""
 
     shared = True
+    decides_while_writing = True
     #: The per-answer state and loop (a :class:`SharedAnswer` subclass).
     answer: ClassVar[type[SharedAnswer]]
 
@@ -281,6 +301,12 @@ class SharedAnswer:
 
     def cloud_failed(self, attempt: Attempt, exc: BaseException, what: str) -> None:
         """A cloud request failed: raise a configuration mistake, else record it and carry on on the edge."""
+        if isinstance(exc, ExtensionUnsupportedError) and self.run.auto:
+            attempt.breaker.release()  # not an outage: the endpoint works, without this extension
+            self.clouds = [a for a in self.clouds if a is not attempt]
+            self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} refused {exc.extension!r} "
+                                              f"({exc}): the edge writes on alone")
+            return
         if isinstance(exc, ConfigError):
             attempt.breaker.release()
             raise exc

@@ -25,7 +25,10 @@ over the measured cost of a drafted token and of a round).
 
 Needs an edge runtime that drafts token ids (:class:`~edgecloud.backend.Drafter`: the llama.cpp
 backend) and edge and cloud models that share a tokenizer; anything else is a
-:class:`~edgecloud.errors.ConfigError`. Sampling parameters are ignored: both modes are greedy.
+:class:`~edgecloud.errors.ConfigError`. An endpoint that refuses to score (a hosted chat API) or
+names other token ids is remembered in its capabilities; under ``collab="auto"`` an answer it
+refused before showing anything is written by the next mode :mod:`.auto` ranks, one it refused
+later goes on on the edge alone (a route note says which). Sampling parameters are ignored: both modes are greedy.
 A cloud that fails mid-answer leaves the edge to finish alone (``route.fallbacks`` says so); an
 edge that fails hands the rest to the cloud.
 """
@@ -38,13 +41,14 @@ from typing import Any, TypeVar
 
 from ..answer import Part
 from ..backend import Backend, Drafter, Verifier, close_stream
-from ..errors import ConfigError, ScoringUnsupportedError
+from ..errors import ConfigError, ExtensionUnsupportedError, VocabularyMismatchError
 from ..fallback import Attempt
 from ..observability.cost import forward_passes
 from ..runtime.scoring import TokenSession
 from ..runtime.speculative import Acceptance, accept_prefix, best_k
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
+from .auto import may
 from .run import AnswerRun, SharedAnswer, SharedMode, register_mode
 
 __all__ = ["CheckedMode", "DraftAndCheck", "VerifiedMode", "can_score", "choose_k"]
@@ -58,14 +62,20 @@ PRIOR_ACCEPTANCE = 0.7
 VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京"
 #: (edge, cloud URL, cloud model) pairs whose vocabularies were found to agree.
 _SAME_VOCAB: set[tuple[int, str, str]] = set()
-#: (cloud URL, cloud model) of endpoints found not to score continuations.
-_CANNOT_SCORE: set[tuple[str, str]] = set()
 
 
 def can_score(backend: Backend) -> bool:
-    """Whether ``backend`` may check drafts: it scores continuations (:class:`~edgecloud.backend.Verifier`)
-    and has not refused to (an OpenAI-compatible server without ``echo`` + ``logprobs``)."""
-    return isinstance(backend, Verifier) and (str(backend.base_url), backend.model_name) not in _CANNOT_SCORE
+    """Whether ``backend`` may check drafts: it scores continuations by token id
+    (:class:`~edgecloud.backend.Verifier`) and has not refused to (a hosted chat API)."""
+    return isinstance(backend, Verifier) and may(backend, "score") and may(backend, "token_ids")
+
+
+class _StepDown(Exception):
+    """The cloud refused what this mode needs before anything was shown: ``auto`` moves on."""
+
+    def __init__(self, refused: ExtensionUnsupportedError, by: Attempt) -> None:
+        super().__init__(str(refused))
+        self.refused, self.by = refused, by
 
 
 def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
@@ -127,6 +137,8 @@ class DraftAndCheck(SharedAnswer):
             yield from self._answer()
         except _EdgeFailed as failed:  # the cloud writes the rest, through the one failover
             yield from self.cloud_finishes(failed.error)
+        except _StepDown as down:  # nothing shown yet: the next mode writes the whole answer
+            yield from self.run.step_down(down.refused, down.by)
 
     def _answer(self) -> Iterator[ChatCompletionChunk]:
         edge = self.drafter
@@ -176,18 +188,22 @@ class DraftAndCheck(SharedAnswer):
 
     def _checked(self, edge: Drafter, attempt: Attempt, tokens: list[int], block: list[int], part: Part
                  ) -> tuple[list[int], int] | None:
-        """:meth:`_check`, after the vocabulary check; under ``collab="auto"`` an endpoint that cannot
-        score is remembered (later answers share by text spans) and this answer goes on on the edge."""
+        """:meth:`_check`, after the vocabulary check. Under ``collab="auto"`` an endpoint that refuses
+        to score (or names other token ids) moves the answer to the next mode ``auto`` ranks when
+        nothing was shown yet (the endpoint's capabilities remember it for later answers), else
+        this answer goes on on the edge; asked for by name, the refusal is raised."""
         try:
             self._same_vocabulary(edge, attempt)
             return self._check(attempt, tokens, block, part)
-        except ScoringUnsupportedError:
+        except ExtensionUnsupportedError as refused:
+            attempt.breaker.release()
             if not self.run.auto:
                 raise
-            _CANNOT_SCORE.add((str(attempt.backend.base_url), attempt.backend.model_name))
+            if not self._opened:
+                raise _StepDown(refused, attempt) from refused
             self.clouds = [a for a in self.clouds if a is not attempt]
-            self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} cannot score continuations: "
-                                              "the edge writes on alone; later answers share by text spans")
+            self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} refused "
+                                              f"{refused.extension!r}: the edge writes on alone")
             return None
 
     def _calls_left(self) -> bool:
@@ -248,9 +264,11 @@ class DraftAndCheck(SharedAnswer):
         # UTF-8 pieces its own way): those are compared
         if len(theirs) != len(mine) or any(a != b for a, b in zip(mine, theirs) if a.isascii()):
             attempt.breaker.release()
-            raise ConfigError(f"collab='verified' needs edge and cloud models with one tokenizer; "
-                              f"{edge.model_name} and {backend.model_name} split text differently "
-                              f"({mine[:4]} vs {theirs[:4]}): use collab='token'")
+            said = (f"collab={self.mode!r} needs edge and cloud models with one tokenizer; {edge.model_name} and "
+                    f"{backend.model_name} split text differently ({mine[:4]} vs {theirs[:4]}): use collab='token'")
+            if backend.capabilities is not None:
+                backend.capabilities.refuse("token_ids", said)
+            raise VocabularyMismatchError(said)
         _SAME_VOCAB.add(key)
 
     def _check(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Part) -> tuple[list[int], int] | None:
@@ -263,6 +281,8 @@ class DraftAndCheck(SharedAnswer):
         try:
             scored = verifier.score_in(self.session, tokens + draft, start=len(tokens), top_n=1)
             scores, nxt = scored.scores, scored.next
+        except ExtensionUnsupportedError:
+            raise  # not a failed check: the endpoint cannot check (see _checked)
         except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
             self.cloud_failed(attempt, exc, "verification")
             self.span_done("failed", 0, time.perf_counter() - started)

@@ -67,6 +67,7 @@ import httpx
 from pydantic import ValidationError
 
 from ..backend import Backend
+from ..capabilities import Capabilities, Capability
 from .retry import (
     DEFAULT_BACKOFF_S,
     DEFAULT_MAX_RETRIES,
@@ -81,7 +82,9 @@ from ..errors import (
     BackendUnavailableError,
     ConfigError,
     ContextOverflowError,
+    ContinuationUnsupportedError,
     EdgeCloudError,
+    ExtensionUnsupportedError,
     InvalidRequestError,
     ModelNotFoundError,
     RateLimitedError,
@@ -129,6 +132,42 @@ _PROMPT_COUNT = (
     r"requested (\d+) tokens",
 )
 _CONTEXT_COUNT = (r"context window is (\d+)", r"maximum context length is (\d+)")
+#: The body fields of each chat extension an endpoint may refuse (what a refused request is tried
+#: again without, to learn which one it refused), most often refused first.
+_EXTENSION_FIELDS: dict[Capability, tuple[str, ...]] = {
+    "continue": ("continue_final_message", "add_generation_prompt"),
+    "json_schema": ("response_format",),
+    "tools": ("tools", "tool_choice", "parallel_tool_calls"),
+    "logprobs": ("logprobs", "top_logprobs"),
+}
+
+
+def _extensions(body: dict[str, Any]) -> list[Capability]:
+    """The extensions a chat request body asks for."""
+    present: list[Capability] = []
+    if body.get("continue_final_message"):
+        present.append("continue")
+    if isinstance(body.get("response_format"), dict) and body["response_format"].get("type") != "text":
+        present.append("json_schema")
+    if body.get("tools"):
+        present.append("tools")
+    if body.get("logprobs"):
+        present.append("logprobs")
+    return present
+
+
+def _without(body: dict[str, Any], names: list[Capability]) -> dict[str, Any]:
+    """``body`` without the fields of ``names``, for one token: the cheap request that tells
+    whether the endpoint refused those extensions or the request itself."""
+    dropped = {f for name in names for f in _EXTENSION_FIELDS[name]}
+    return {**{k: v for k, v in body.items() if k not in dropped}, "max_tokens": 1}
+
+
+def _unsupported(name: Capability, said: str) -> ExtensionUnsupportedError:
+    if name == "continue":
+        return ContinuationUnsupportedError(
+            f"{said}; this endpoint does not continue a partial assistant message (continue_final_message)")
+    return ExtensionUnsupportedError(f"{said}; this endpoint does not take {name!r}", extension=name)
 
 
 def _api_root(base_url: str) -> str:
@@ -377,7 +416,6 @@ class CloudBackend(Backend):
     supports_logprobs: ClassVar[bool] = True
     supports_seed: ClassVar[bool] = True
     supports_stop: ClassVar[bool] = True
-    supports_continuation: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -421,6 +459,12 @@ class CloudBackend(Backend):
         self._route = RouteInfo(
             target="cloud", backend=self.name, reason=f"OpenAI-compatible endpoint {self._base_url} ({model})"
         )
+        self.capabilities: Capabilities = Capabilities(self._base_url, model, prober=self._probe)
+
+    @property
+    def supports_continuation(self) -> bool:  # type: ignore[override]
+        """Whether it may continue a partial answer: until the endpoint refused to."""
+        return self.capabilities.may("continue")
 
     @property
     def model_name(self) -> str:
@@ -445,6 +489,27 @@ class CloudBackend(Backend):
         if request.continue_final_message:  # vLLM (and edgecloud serve) want both flags
             body["add_generation_prompt"] = False
         return body
+
+    def _refuse_known(self, body: dict[str, Any]) -> None:
+        """Raise the typed refusal, without sending, for an extension the endpoint refused before."""
+        for name in _extensions(body):
+            if not self.capabilities.may(name):
+                raise _unsupported(name, f"{self._chat_url} refused it earlier: {self.capabilities.why(name)}")
+
+    def _learned(self, body: dict[str, Any]) -> None:
+        for name in _extensions(body):
+            self.capabilities.allow(name)
+
+    def _refusal(self, body: dict[str, Any], exc: InvalidRequestError) -> list[Capability] | None:
+        """The extensions to test when ``body`` was refused with ``exc`` (None: nothing to test)."""
+        if isinstance(exc, (ContextOverflowError, SessionExpiredError)):
+            return None
+        return _extensions(body) or None
+
+    def _refused_as(self, names: list[Capability], exc: InvalidRequestError) -> ExtensionUnsupportedError:
+        for name in names:
+            self.capabilities.refuse(name, str(exc))
+        return _unsupported(names[0], str(exc))
 
     def _reader(self) -> _EventReader:
         if self._closed:
@@ -521,9 +586,22 @@ class CloudBackend(Backend):
             attempt += 1
 
     def stream(self, request: ChatRequest) -> Iterator[ChatCompletionChunk]:
-        """Stream the answer; closing the iterator closes the response (the server stops)."""
+        """Stream the answer; closing the iterator closes the response (the server stops).
+
+        A request whose extension the endpoint refuses (now, or earlier in this backend's life)
+        raises :class:`~edgecloud.errors.ExtensionUnsupportedError` naming it (see
+        :mod:`edgecloud.capabilities`)."""
         reader = self._reader()
-        response = self._post(self._body(request))
+        body = self._body(request)
+        self._refuse_known(body)
+        try:
+            response = self._post(body)
+        except InvalidRequestError as exc:
+            refused = self._which_refused(body, exc)
+            if refused is None:
+                raise
+            raise refused from exc
+        self._learned(body)
         try:
             try:
                 for line in response.iter_lines():
@@ -536,6 +614,24 @@ class CloudBackend(Backend):
         finally:
             response.close()
 
+    def _accepts(self, body: dict[str, Any]) -> bool:
+        """Whether the endpoint takes ``body`` (a one-token request; outages are raised)."""
+        try:
+            self._post(body).close()
+        except InvalidRequestError:
+            return False
+        return True
+
+    def _which_refused(self, body: dict[str, Any], exc: InvalidRequestError) -> ExtensionUnsupportedError | None:
+        """After ``body`` was refused: the extension the endpoint refused (learned by trying the
+        request without it, one token long), or None when it refuses the request itself."""
+        present = self._refusal(body, exc)
+        if present is None or not self._accepts(_without(body, present)):
+            return None
+        if len(present) > 1:
+            present = [n for n in present if self._accepts(_without(body, [n]))][:1] or present
+        return self._refused_as(present, exc)
+
     def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool,
                  session: TokenSession | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """One scoring request (see :meth:`score`): the response's ``logprobs`` object (its arrays
@@ -543,6 +639,8 @@ class CloudBackend(Backend):
         the whole response. In a ``session`` only the tokens the server does not hold are sent."""
         self._reader()  # raises when closed
         url = f"{self.base_url}/completions"
+        if not self.capabilities.may("score"):
+            raise ScoringUnsupportedError(f"{url} refused scoring earlier: {self.capabilities.why('score')}")
         base = session.base(start) if session is not None else 0
         body: dict[str, Any] = {"model": self.model, "prompt": tokens[base:], "max_tokens": 1, "temperature": 0,
                                 "echo": True, "logprobs": max(1, top_n), "return_tokens_as_token_ids": as_ids,
@@ -558,6 +656,7 @@ class CloudBackend(Backend):
         except (InvalidRequestError, ModelNotFoundError) as exc:
             if isinstance(exc, ContextOverflowError):
                 raise
+            self.capabilities.refuse("score", str(exc))
             raise ScoringUnsupportedError(
                 f"{url} cannot score a continuation (echo + logprobs on /completions): {exc}; use collab='token', or "
                 "serve the cloud model with edgecloud serve --engine llamacpp or vLLM") from exc
@@ -568,13 +667,20 @@ class CloudBackend(Backend):
                 held = answer.get("session") if session is not None else None
                 if session is not None:
                     session.supported = isinstance(held, dict)
+                    if session.supported:
+                        self.capabilities.allow("sessions")
+                    else:
+                        self.capabilities.refuse("sessions", f"{url} answers without holding a token session: "
+                                                             "every check sends the whole context")
                     session.held = int(held["tokens"]) if isinstance(held, dict) else 0
                     # a server that holds sessions echoes only what was sent: align with ``tokens``
                     logprobs = {key: [None] * base + list(logprobs[key]) for key in ("tokens", "token_logprobs",
                                                                                       "top_logprobs")}
                 if len(logprobs["tokens"]) < len(tokens) + 1 or len(logprobs["top_logprobs"]) < len(tokens) + 1:
-                    raise ConfigError(f"{url} did not return the echoed prompt and the greedy next token "
-                                      "(max_tokens=1 with echo)")
+                    said = f"{url} did not return the echoed prompt and the greedy next token (max_tokens=1 with echo)"
+                    self.capabilities.refuse("score", said)
+                    raise ScoringUnsupportedError(said)
+                self.capabilities.allow("score")
                 return logprobs, answer
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise BackendError(f"{url} answered a scoring request without token logprobs",
@@ -603,8 +709,9 @@ class CloudBackend(Backend):
 
         def token_id(name: str) -> int:
             if not name.startswith("token_id:"):
-                raise ConfigError(f"{self.base_url} does not name tokens by id (return_tokens_as_token_ids); "
-                                  "cannot verify drafts")
+                said = f"{self.base_url} does not name tokens by id (return_tokens_as_token_ids)"
+                self.capabilities.refuse("token_ids", said)
+                raise ExtensionUnsupportedError(f"{said}; cannot verify drafts", extension="token_ids")
             return int(name[len("token_id:"):])
 
         scores = []
@@ -615,6 +722,34 @@ class CloudBackend(Backend):
         usage = _usage(answer.get("usage") or {})
         return Scored(scores[:-1], scores[-1], sent=usage["prompt_tokens"], cached=usage["cached_tokens"],
                       held=int((answer.get("usage") or {}).get("context_tokens") or 0))
+
+    def _probe(self, name: Capability) -> None:
+        """Learn ``name`` with one cheap request (a few tokens in, one out); what a real request
+        would have learned is learned the same way (see :mod:`edgecloud.capabilities`)."""
+        if name in ("score", "token_ids", "sessions"):
+            with contextlib.suppress(ExtensionUnsupportedError):
+                self.score_in(TokenSession(), [0, 1, 2], start=1, top_n=1)
+            return
+        hello = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello"}]
+        body: dict[str, Any] = {"model": self.model, "messages": hello, "max_tokens": 1, "stream": True}
+        if name == "continue":
+            body.update(continue_final_message=True, add_generation_prompt=False)
+        elif name == "logprobs":
+            body.update(logprobs=True, top_logprobs=2)
+        else:
+            return  # tools and json_schema are learned from the caller's own requests
+        try:
+            self._post(body).close()
+        except InvalidRequestError as exc:
+            self._which_refused(body, exc)
+        else:
+            self._learned(body)
+
+    def discover(self) -> Capabilities:
+        """Probe every capability not known yet (a few one-token requests; ``edgecloud plan``)."""
+        for name in ("score", "continue", "logprobs"):
+            self.capabilities.find(name)  # type: ignore[arg-type]
+        return self.capabilities
 
     def token_texts(self, tokens: list[int]) -> list[str]:
         """What the endpoint's tokenizer calls each of ``tokens`` (one scoring request that scores
@@ -690,7 +825,16 @@ class CloudBackend(Backend):
     async def astream(self, request: ChatRequest) -> AsyncIterator[ChatCompletionChunk]:
         """Async twin of :meth:`stream` on httpx.AsyncClient (no worker thread)."""
         reader = self._reader()
-        response = await self._apost(self._body(request))
+        body = self._body(request)
+        self._refuse_known(body)
+        try:
+            response = await self._apost(body)
+        except InvalidRequestError as exc:
+            refused = await self._awhich_refused(body, exc)
+            if refused is None:
+                raise
+            raise refused from exc
+        self._learned(body)
         try:
             try:
                 async for line in response.aiter_lines():
@@ -704,6 +848,24 @@ class CloudBackend(Backend):
                 raise self._broken(exc, reader) from exc
         finally:
             await response.aclose()
+
+    async def _aaccepts(self, body: dict[str, Any]) -> bool:
+        """Async twin of :meth:`_accepts`."""
+        try:
+            await (await self._apost(body)).aclose()
+        except InvalidRequestError:
+            return False
+        return True
+
+    async def _awhich_refused(self, body: dict[str, Any], exc: InvalidRequestError
+                              ) -> ExtensionUnsupportedError | None:
+        """Async twin of :meth:`_which_refused`."""
+        present = self._refusal(body, exc)
+        if present is None or not await self._aaccepts(_without(body, present)):
+            return None
+        if len(present) > 1:
+            present = [n for n in present if await self._aaccepts(_without(body, [n]))][:1] or present
+        return self._refused_as(present, exc)
 
     async def acomplete(self, request: ChatRequest) -> ChatCompletion:
         """The whole answer: :meth:`astream` collected (and closed on error)."""

@@ -1,5 +1,7 @@
-"""Tools for testing an app that uses edgecloud against real conditions (a network with latency)."""
+"""Tools for testing an app that uses edgecloud against real conditions (a network with latency,
+a hosted chat API that refuses edgecloud's extensions)."""
 
+from .hosted_api import HOSTED_CHAT_FIELDS, HostedChatProxy
 from .latency_proxy import LatencyProxy
 
-__all__ = ["LatencyProxy"]
+__all__ = ["HOSTED_CHAT_FIELDS", "HostedChatProxy", "LatencyProxy"]

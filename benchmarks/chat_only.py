@@ -1,0 +1,339 @@
+"""The hybrid for a cloud that only chats (hosted APIs): which policy, chosen held out by family.
+
+A hosted chat API neither scores a continuation nor continues an assistant message, so an answer
+is written by one side; what is left to decide is which, and when. Candidates:
+
+* ``router`` - the pre-generation score (:mod:`edgecloud.router.scorers`), before the edge writes;
+* ``probe-N`` - the edge writes its first N tokens unseen; a logistic fit on their logprobs (mean,
+  minimum, 10th percentile, share below p=0.5, top-1 margin, whether the answer already ended)
+  says stream the edge's answer or ask the cloud for the whole answer (``collab="probe"``);
+* ``probe-N+router`` - the same with the router's score as one more feature;
+* ``cascade`` - the edge's whole answer, buffered, then the confidence check
+  (:mod:`edgecloud.router.cascade`, as packaged);
+* ``random`` and ``oracle`` as floor and ceiling.
+
+Phases:
+
+    python benchmarks/chat_only.py probe            # the edge's first 48 tokens on every labelled task
+    python benchmarks/chat_only.py report           # JSON to stdout + results/chat_only.json, probe.json
+    python benchmarks/chat_only.py live --per-family 3 --rtt 0.05   # through the hosted-API stand-in
+
+``probe`` runs the 0.5B edge (llama.cpp, greedy, one request at a time as a device runs them) on
+the 344 tasks of ``results/corpus/outcomes.jsonl`` and keeps each token's logprob and top-2 margin.
+``report`` replays: an answer the policy keeps on the edge is the edge's labelled answer (greedy:
+the probe's tokens are its first tokens), one it escalates is the cloud's labelled answer, billed
+whole (the probe's tokens never reach the cloud). Each probe fit is scored leave-one-family-out:
+fitted on seven families, its threshold chosen there (the lowest escalation rate that keeps
+``QUALITY_TARGET`` of all-cloud quality there), applied to the eighth. The packaged check
+(``src/edgecloud/router/probe.json``) is the fit on all families with the threshold chosen the same
+way. ``live`` answers a sample through :class:`~edgecloud.testing.HostedChatProxy` in front of a
+real ``edgecloud serve`` (1.5B) with the default client and all-cloud, interleaved: TTFT,
+end-to-end, whether anything raised, and the route notes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).parent / "results"
+CORPUS = RESULTS / "corpus"
+OUTCOMES = CORPUS / "outcomes.jsonl"
+PROBES = CORPUS / "probe.edge.jsonl"
+EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct-q4"
+PROBE_TOKENS = 48
+TOP = 5
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    if not path.exists():
+        return []
+    out = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue  # a line cut short by a killed run: that task is probed again
+    return out
+
+
+def probe(args: argparse.Namespace) -> None:
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+    from edgecloud.types import ChatRequest
+
+    done = {r["id"] for r in _rows(PROBES)}
+    todo = [r for r in _rows(OUTCOMES) if r["id"] not in done]
+    print(f"probing {len(todo)} tasks ({len(done)} done)", file=sys.stderr)
+    with LlamaCppBackend(EDGE_MODEL) as edge, PROBES.open("a", encoding="utf-8") as fh:
+        for i, row in enumerate(todo):
+            request = ChatRequest(messages=row["messages"], max_tokens=min(PROBE_TOKENS, row["max_tokens"]),
+                                  temperature=0.0, logprobs=True, top_logprobs=TOP)
+            started, first, text, tokens = time.perf_counter(), None, "", []
+            for chunk in edge.stream(request):
+                for choice in chunk.choices:
+                    if choice.delta.content and first is None:
+                        first = time.perf_counter() - started
+                    text += choice.delta.content or ""
+                    for entry in (choice.logprobs.content if choice.logprobs else []):
+                        alts = sorted((t.logprob for t in entry.top_logprobs), reverse=True)
+                        second = next((a for a in alts if a < entry.logprob - 1e-9), alts[1] if len(alts) > 1 else -30.0)
+                        tokens.append([round(entry.logprob, 5), round(second, 5)])
+                    if choice.finish_reason is not None:
+                        finish = choice.finish_reason
+            out = {"id": row["id"], "tokens": tokens, "text": text, "finish": finish,
+                   "ttft": round(first or 0.0, 4), "seconds": round(time.perf_counter() - started, 4),
+                   "prefix_of_label": row["edge_answer"].startswith(text.rstrip())}
+            fh.write(json.dumps(out) + "\n")
+            fh.flush()
+            if i % 20 == 0:
+                print(f"{i + 1}/{len(todo)} {row['id']} {out['seconds']:.2f}s", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- cloud head, edge tail
+
+
+def head(args: argparse.Namespace) -> None:
+    """The cloud writes the first M tokens (its labelled greedy answer's), the edge the rest
+    (greedy, batched: near-ties may round differently from one request at a time); graded."""
+    from edgecloud.router.training.corpus import load_corpus
+    from edgecloud.router.training.tasks import grade
+    from edgecloud.runtime.llamacpp_batch import BatchedGreedy, BatchJob
+
+    class Continuing(BatchedGreedy):
+        def encode(self, messages: list[dict[str, str]]) -> list[int]:
+            text = self._template.prompt(messages, continue_final=messages[-1]["role"] == "assistant")
+            return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+
+    tasks = {t.id: t for t in load_corpus(full=True)}
+    out_path = CORPUS / f"head-{args.m}.edge.jsonl"
+    done = {r["id"] for r in _rows(out_path)}
+    rows = [r for r in _rows(OUTCOMES) if r["id"] not in done and r["id"] in tasks]
+    with Continuing(EDGE_MODEL, parallel=args.parallel, n_ctx=args.parallel * 1024) as runner, \
+            out_path.open("a", encoding="utf-8") as fh:
+        llm = runner._llm
+        jobs, heads = [], {}
+        for r in rows:
+            ids = llm.tokenize(r["cloud_answer"].encode("utf-8"), add_bos=False, special=False)
+            if len(ids) <= args.m:  # the cloud wrote the whole answer within its head
+                fh.write(json.dumps({"id": r["id"], "head": r["cloud_answer"], "pass": r["cloud_pass"],
+                                     "head_tokens": len(ids), "tail_tokens": 0, "cloud_whole": True}) + "\n")
+                continue
+            text = llm.detokenize(ids[: args.m]).decode("utf-8", errors="ignore")
+            heads[r["id"]] = (text, args.m)
+            jobs.append(BatchJob(r["id"], [*r["messages"], {"role": "assistant", "content": text}],
+                                 max(1, r["max_tokens"] - args.m)))
+        print(f"{len(jobs)} tails to write", file=sys.stderr)
+        for i, result in enumerate(runner.run(jobs)):
+            text, m = heads[result.key]
+            answer = text + result.text
+            fh.write(json.dumps({"id": result.key, "head": text, "tail": result.text,
+                                 "pass": grade(tasks[result.key], answer), "head_tokens": m,
+                                 "tail_tokens": result.tokens, "cloud_whole": False}) + "\n")
+            fh.flush()
+            if i % 25 == 0:
+                print(f"{i + 1}/{len(jobs)}", file=sys.stderr)
+
+
+# ---------------------------------------------------------------------------- report (replay)
+
+QUALITY_TARGET = 0.92  # of all-cloud quality on the families a threshold is chosen on (the bar is 0.90)
+PROBE_LENGTHS = (8, 16, 32, 48)
+
+
+def _joined() -> list[dict[str, Any]]:
+    probes = {r["id"]: r for r in _rows(PROBES)}
+    rows = [r for r in _rows(OUTCOMES) if r["id"] in probes]
+    for r in rows:
+        r["probe"] = probes[r["id"]]
+    return rows
+
+
+def _features(row: dict[str, Any], n: int, router: bool) -> list[float]:
+    from edgecloud.router.probe import probe_features
+
+    tokens = row["probe"]["tokens"]
+    finished = row["probe"]["finish"] == "stop" and len(tokens) <= n
+    x = probe_features([tuple(t) for t in tokens[:n]], finished)
+    return x + [row["router_score"]] if router else x
+
+
+def _fit(xs: list[list[float]], ys: list[int]) -> tuple[list[float], list[float], list[float], float]:
+    """A standardised logistic fit: (mean, scale, weights, bias)."""
+    from sklearn.linear_model import LogisticRegression
+
+    cols = list(zip(*xs))
+    mean = [statistics.fmean(c) for c in cols]
+    scale = [statistics.pstdev(c) or 1.0 for c in cols]
+    z = [[(v - m) / s for v, m, s in zip(x, mean, scale)] for x in xs]
+    model = LogisticRegression(C=1.0, max_iter=1000).fit(z, ys)
+    return mean, scale, [float(w) for w in model.coef_[0]], float(model.intercept_[0])
+
+
+def _predict(fit: tuple[list[float], list[float], list[float], float], x: list[float]) -> float:
+    mean, scale, weights, bias = fit
+    zsum = bias + sum(w * (v - m) / s for w, v, m, s in zip(weights, x, mean, scale))
+    return 1.0 / (1.0 + math.exp(-max(-60.0, min(60.0, zsum))))
+
+
+def _threshold(scores: list[float], rows: list[dict[str, Any]], target: float) -> float:
+    """The highest threshold (fewest escalations) whose answers keep ``target`` of all-cloud quality."""
+    cloud_q = sum(r["cloud_pass"] for r in rows)
+    for t in sorted(set(scores), reverse=True) + [-1.0]:
+        q = sum((r["cloud_pass"] if s >= t else r["edge_pass"]) for s, r in zip(scores, rows))
+        if q >= target * cloud_q:
+            return t
+    return -1.0
+
+
+def _apgr(scores: list[float], rows: list[dict[str, Any]]) -> float:
+    """Area under the gap-recovered curve, escalating tasks in order of ``scores`` (random: 0.5)."""
+    q_edge, q_cloud = sum(r["edge_pass"] for r in rows), sum(r["cloud_pass"] for r in rows)
+    gap = q_cloud - q_edge
+    order = sorted(range(len(rows)), key=lambda i: -scores[i])
+    q, area = q_edge, 0.0
+    for i in order:
+        q += rows[i]["cloud_pass"] - rows[i]["edge_pass"]
+        area += (q - q_edge) / gap if gap else 0.0
+    return area / len(rows)
+
+
+def _summary(rows: list[dict[str, Any]], escalated: list[bool]) -> dict[str, Any]:
+    n = len(rows)
+    q = sum((r["cloud_pass"] if e else r["edge_pass"]) for r, e in zip(rows, escalated))
+    q_cloud, q_edge = sum(r["cloud_pass"] for r in rows), sum(r["edge_pass"] for r in rows)
+    billed = sorted(1.0 if e else 0.0 for e in escalated)
+    return {"tasks": n, "quality": round(q / n, 4), "quality_vs_all_cloud": round(q / q_cloud, 4),
+            "gap_recovered": round((q - q_edge) / (q_cloud - q_edge), 4) if q_cloud != q_edge else None,
+            "cloud_answers": round(sum(escalated) / n, 4), "billed_vs_all_cloud_p50": statistics.median(billed),
+            "billed_vs_all_cloud_mean": round(sum(billed) / n, 4), "answers_above_all_cloud": 0}
+
+
+ZERO_SHOT = {"mean_logprob": -1.0, "share_below_half": 1.0, "mean_margin": -1.0}
+
+
+def _zero_shot(n: int, feature: str) -> Any:
+    """A signal with nothing fitted but its threshold: ``sign * feature`` of the first ``n`` tokens."""
+    from edgecloud.router.probe import FEATURES
+
+    j, sign = FEATURES.index(feature), ZERO_SHOT[feature]
+    return lambda train: (lambda r: 1.0 / (1.0 + math.exp(-sign * _features(r, n, False)[j])))
+
+
+def _signals() -> dict[str, Any]:
+    """Each candidate: a fitter that takes training rows and returns a scoring function, so a
+    held-out score always comes from a fit that did not see the row's family."""
+    def probe_fitter(n: int, router: bool) -> Any:
+        def fit(train: list[dict[str, Any]]) -> Any:
+            f = _fit([_features(r, n, router) for r in train], [int(r["gain"]) for r in train])
+            return lambda r: _predict(f, _features(r, n, router))
+        return fit
+
+    out: dict[str, Any] = {"router": lambda train: (lambda r: r["router_score"])}
+    for n in PROBE_LENGTHS:
+        for feature in ZERO_SHOT:
+            out[f"probe-{n}:{feature}"] = _zero_shot(n, feature)
+        out[f"probe-{n}:fitted"] = probe_fitter(n, False)
+        out[f"probe-{n}:fitted+router"] = probe_fitter(n, True)
+    out["cascade"] = lambda train: (lambda r: 1.0 - r["cascade_p_good"])
+    out["answer-logprob"] = lambda train: (lambda r: -r["edge_logprob"]["mean"])
+    return out
+
+
+def report(args: argparse.Namespace) -> None:
+    from edgecloud.router.cascade import ConfidenceCheck, signals
+    from edgecloud.router.probe import FEATURES, ProbeCheck
+    from edgecloud.router.scorers import load_scorer
+    from edgecloud.types import ChatRequest
+
+    rows = _joined()
+    scorer, check = load_scorer("learned"), ConfidenceCheck.packaged()
+    for r in rows:
+        r["gain"] = (not r["edge_pass"]) and r["cloud_pass"]
+        r["router_score"] = scorer.score(ChatRequest(messages=r["messages"], max_tokens=r["max_tokens"]))
+        prompt = next(m["content"] for m in reversed(r["messages"]) if m["role"] == "user")
+        sig = signals(prompt, r["edge_answer"], finish_reason=r["edge_finish"], logprobs=r["edge_logprob"],
+                      route_score=r["router_score"])
+        r["cascade_p_good"] = check.p_good(sig)
+    families = sorted({r["suite"] for r in rows})
+    prefix_ok = sum(r["probe"]["prefix_of_label"] for r in rows)
+    result: dict[str, Any] = {
+        "tasks": len(rows), "families": families, "quality_target_in_training": QUALITY_TARGET,
+        "probe_text_is_prefix_of_labelled_answer": round(prefix_ok / len(rows), 4),
+        "probe_seconds_p50": {n: round(statistics.median(_probe_seconds(r, n) for r in rows), 3)
+                              for n in PROBE_LENGTHS},
+        "all_edge": _summary(rows, [False] * len(rows)), "all_cloud": _summary(rows, [True] * len(rows)),
+        "oracle": _summary(rows, [bool(r["gain"]) for r in rows]),
+        "policies": {}, "apgr_held_out": {}, "apgr_in_suite": {},
+        "notes": "router and cascade were fitted on this corpus: their held-out figures are in-suite ones",
+    }
+    rng = random.Random(0)
+    for name, fitter in _signals().items():
+        held_scores: dict[str, float] = {}
+        escalated: dict[str, bool] = {}
+        per_family = {}
+        for fam in families:
+            train = [r for r in rows if r["suite"] != fam]
+            test = [r for r in rows if r["suite"] == fam]
+            score = fitter(train)
+            t = _threshold([score(r) for r in train], train, QUALITY_TARGET)
+            for r in test:
+                held_scores[r["id"]] = score(r)
+                escalated[r["id"]] = held_scores[r["id"]] >= t
+            per_family[fam] = _summary(test, [escalated[r["id"]] for r in test])
+        result["apgr_held_out"][name] = round(_apgr([held_scores[r["id"]] for r in rows], rows), 4)
+        whole = fitter(rows)
+        result["apgr_in_suite"][name] = round(_apgr([whole(r) for r in rows], rows), 4)
+        result["policies"][name] = {"held_out": _summary(rows, [escalated[r["id"]] for r in rows]),
+                                    "per_family_held_out": per_family}
+    result["apgr_held_out"]["random"] = round(_apgr([rng.random() for _ in rows], rows), 4)
+    # the packaged check: the zero-shot probe signal with the best held-out result
+    zero_shot = [k for k in result["policies"] if k.startswith("probe-") and ":fitted" not in k]
+    best = max(zero_shot, key=lambda k: (result["policies"][k]["held_out"]["quality_vs_all_cloud"] >= 0.9,
+                                         -result["policies"][k]["held_out"]["billed_vs_all_cloud_mean"]))
+    n, feature = int(best.split(":")[0].split("-")[1]), best.split(":")[1]
+    score = _zero_shot(n, feature)(rows)
+    threshold = _threshold([score(r) for r in rows], rows, QUALITY_TARGET)
+    weights = tuple(ZERO_SHOT[feature] if f == feature else 0.0 for f in FEATURES)
+    packaged = ProbeCheck(tokens=n, mean=(0.0,) * len(FEATURES), scale=(1.0,) * len(FEATURES), weights=weights,
+                          bias=0.0, threshold=round(threshold, 6))
+    result["packaged"] = {"policy": best, "tokens": n, "feature": feature, "threshold": round(threshold, 4),
+                          "in_suite": _summary(rows, [score(r) >= threshold for r in rows]),
+                          "held_out": result["policies"][best]["held_out"]}
+    if args.write_check:
+        path = Path(__file__).resolve().parents[1] / "src/edgecloud/router/data/probe.json"
+        path.write_text(json.dumps(packaged.to_json(), indent=1) + "\n", encoding="utf-8")
+    (RESULTS / "chat_only.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps({k: result[k] for k in ("tasks", "all_edge", "oracle", "apgr_held_out", "packaged")}, indent=1))
+
+
+def _probe_seconds(row: dict[str, Any], n: int) -> float:
+    """Seconds until the edge had written ``n`` tokens (time to first token, then its own pace)."""
+    p = row["probe"]
+    per_token = (p["seconds"] - p["ttft"]) / max(1, len(p["tokens"]) - 1)
+    return p["ttft"] + per_token * (min(n, len(p["tokens"])) - 1)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="phase", required=True)
+    sub.add_parser("probe")
+    hd = sub.add_parser("head")
+    hd.add_argument("--m", type=int, default=16, help="tokens the cloud writes first")
+    hd.add_argument("--parallel", type=int, default=8)
+    rep = sub.add_parser("report")
+    rep.add_argument("--tokens", type=int, default=16, help="probe length of the packaged check")
+    rep.add_argument("--write-check", action="store_true", help="write src/edgecloud/router/data/probe.json")
+    args = parser.parse_args()
+    {"probe": probe, "head": head, "report": report}[args.phase](args)
+
+
+if __name__ == "__main__":
+    main()
