@@ -500,13 +500,16 @@ class CloudBackend(Backend):
         for name in _extensions(body):
             self.capabilities.allow(name)
 
-    def _refusal(self, body: dict[str, Any], exc: InvalidRequestError) -> list[Capability] | None:
-        """The extensions to test when ``body`` was refused with ``exc`` (None: nothing to test)."""
-        if isinstance(exc, (ContextOverflowError, SessionExpiredError)):
+    def _refusal(self, body: dict[str, Any], exc: EdgeCloudError) -> list[Capability] | None:
+        """The extensions to test when ``body`` was refused with ``exc`` (None: nothing to test): a
+        4xx, or a 500 (some servers' answer to a body they cannot take); never an outage."""
+        if isinstance(exc, (ContextOverflowError, SessionExpiredError, BackendUnavailableError)):
+            return None
+        if isinstance(exc, BackendError) and exc.cause != "server_error":
             return None
         return _extensions(body) or None
 
-    def _refused_as(self, names: list[Capability], exc: InvalidRequestError) -> ExtensionUnsupportedError:
+    def _refused_as(self, names: list[Capability], exc: EdgeCloudError) -> ExtensionUnsupportedError:
         for name in names:
             self.capabilities.refuse(name, str(exc))
         return _unsupported(names[0], str(exc))
@@ -596,7 +599,7 @@ class CloudBackend(Backend):
         self._refuse_known(body)
         try:
             response = self._post(body)
-        except InvalidRequestError as exc:
+        except (InvalidRequestError, BackendError) as exc:
             refused = self._which_refused(body, exc)
             if refused is None:
                 raise
@@ -614,6 +617,18 @@ class CloudBackend(Backend):
         finally:
             response.close()
 
+    def _chats_but_fails(self, exc: BackendError) -> bool:
+        """Whether a 500 (some servers' answer to a request body they cannot take) came from an
+        endpoint that answers a plain one-token chat right after: then the request was what failed,
+        not the server (a 502/503/504, a timeout or a broken connection is an outage: never)."""
+        if exc.cause != "server_error" or isinstance(exc, BackendUnavailableError):
+            return False
+        hello = {"model": self.model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "stream": True}
+        try:
+            return self._accepts(hello)
+        except EdgeCloudError:
+            return False
+
     def _accepts(self, body: dict[str, Any]) -> bool:
         """Whether the endpoint takes ``body`` (a one-token request; outages are raised)."""
         try:
@@ -622,7 +637,7 @@ class CloudBackend(Backend):
             return False
         return True
 
-    def _which_refused(self, body: dict[str, Any], exc: InvalidRequestError) -> ExtensionUnsupportedError | None:
+    def _which_refused(self, body: dict[str, Any], exc: EdgeCloudError) -> ExtensionUnsupportedError | None:
         """After ``body`` was refused: the extension the endpoint refused (learned by trying the
         request without it, one token long), or None when it refuses the request itself."""
         present = self._refusal(body, exc)
@@ -653,8 +668,8 @@ class CloudBackend(Backend):
             assert session is not None
             session.lost()
             return self._scoring(tokens, start, top_n, as_ids, session)
-        except (InvalidRequestError, ModelNotFoundError) as exc:
-            if isinstance(exc, ContextOverflowError):
+        except (InvalidRequestError, ModelNotFoundError, BackendError) as exc:
+            if isinstance(exc, ContextOverflowError) or (isinstance(exc, BackendError) and not self._chats_but_fails(exc)):
                 raise
             self.capabilities.refuse("score", str(exc))
             raise ScoringUnsupportedError(
@@ -733,17 +748,50 @@ class CloudBackend(Backend):
         hello = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello"}]
         body: dict[str, Any] = {"model": self.model, "messages": hello, "max_tokens": 1, "stream": True}
         if name == "continue":
-            body.update(continue_final_message=True, add_generation_prompt=False)
-        elif name == "logprobs":
+            self._probe_continue(body)
+            return
+        if name == "logprobs":
             body.update(logprobs=True, top_logprobs=2)
         else:
             return  # tools and json_schema are learned from the caller's own requests
         try:
             self._post(body).close()
-        except InvalidRequestError as exc:
+        except (InvalidRequestError, BackendError) as exc:
             self._which_refused(body, exc)
         else:
             self._learned(body)
+
+    def _prompt_tokens(self, body: dict[str, Any]) -> int | None:
+        """``usage.prompt_tokens`` of a one-token answer to ``body`` (None: the server reports none)."""
+        response = self._post({**body, "stream": False})
+        try:
+            usage = json.loads(response.read()).get("usage") or {}
+        except (ValueError, AttributeError, httpx.HTTPError):
+            return None
+        finally:
+            response.close()
+        count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
+        return count if isinstance(count, int) else None
+
+    def _probe_continue(self, body: dict[str, Any]) -> None:
+        """Whether the endpoint continues an assistant message: it must take the flag, and honour it.
+        Some servers take any field and answer a new turn (llama-cpp-python's, Ollama's); that shows
+        in the prompt it counted: a continued message has no end-of-turn and no new assistant header,
+        so it counts fewer prompt tokens than the same messages sent as a new turn."""
+        flagged = {**body, "continue_final_message": True, "add_generation_prompt": False}
+        try:
+            continued = self._prompt_tokens(flagged)
+        except (InvalidRequestError, BackendError) as exc:
+            self._which_refused(flagged, exc)
+            return
+        new_turn = self._prompt_tokens(body)
+        if continued is None or new_turn is None:
+            return  # no usage to tell by: the first real continuation will say
+        if continued < new_turn:
+            self.capabilities.allow("continue")
+        else:
+            self.capabilities.refuse("continue", f"{self._chat_url} takes continue_final_message but answers a new "
+                                                  f"turn ({continued} prompt tokens with it, {new_turn} without)")
 
     def discover(self) -> Capabilities:
         """Probe every capability not known yet (a few one-token requests; ``edgecloud plan``)."""
@@ -829,7 +877,7 @@ class CloudBackend(Backend):
         self._refuse_known(body)
         try:
             response = await self._apost(body)
-        except InvalidRequestError as exc:
+        except (InvalidRequestError, BackendError) as exc:
             refused = await self._awhich_refused(body, exc)
             if refused is None:
                 raise
@@ -857,8 +905,7 @@ class CloudBackend(Backend):
             return False
         return True
 
-    async def _awhich_refused(self, body: dict[str, Any], exc: InvalidRequestError
-                              ) -> ExtensionUnsupportedError | None:
+    async def _awhich_refused(self, body: dict[str, Any], exc: EdgeCloudError) -> ExtensionUnsupportedError | None:
         """Async twin of :meth:`_which_refused`."""
         present = self._refusal(body, exc)
         if present is None or not await self._aaccepts(_without(body, present)):
