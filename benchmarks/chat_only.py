@@ -142,6 +142,26 @@ def head(args: argparse.Namespace) -> None:
                 print(f"{i + 1}/{len(jobs)}", file=sys.stderr)
 
 
+def lead_signal(args: argparse.Namespace) -> None:
+    """How the edge scores the cloud's opening (the lead of ``head-M``): each head token's logprob
+    under the edge given the prompt and the tokens before it (one pass per task)."""
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+
+    heads = {r["id"]: r for r in _rows(CORPUS / f"head-{args.m}.edge.jsonl")}
+    out_path = CORPUS / f"lead-{args.m}.signal.jsonl"
+    done = {r["id"] for r in _rows(out_path)}
+    rows = [r for r in _rows(OUTCOMES) if r["id"] in heads and r["id"] not in done]
+    with LlamaCppBackend(EDGE_MODEL, n_ctx=2048) as edge, out_path.open("a", encoding="utf-8") as fh:
+        for i, r in enumerate(rows):
+            prompt = edge.tokenize_chat(r["messages"])
+            lead = edge.tokenize_text(heads[r["id"]]["head"])[: args.m]
+            scores, _ = edge.score(prompt + lead, start=len(prompt), top_n=1)
+            fh.write(json.dumps({"id": r["id"], "logprobs": [round(s.logprob, 5) for s in scores],
+                                 "agree": [int(s.top[0][0] == s.token) if s.top else 0 for s in scores]}) + "\n")
+            if i % 50 == 0:
+                print(f"{i + 1}/{len(rows)}", file=sys.stderr)
+
+
 # ---------------------------------------------------------------------------- report (replay)
 
 QUALITY_TARGET = 0.92  # of all-cloud quality on the families a threshold is chosen on (the bar is 0.90)
@@ -205,15 +225,33 @@ def _apgr(scores: list[float], rows: list[dict[str, Any]]) -> float:
     return area / len(rows)
 
 
-def _summary(rows: list[dict[str, Any]], escalated: list[bool]) -> dict[str, Any]:
+def _billed(row: dict[str, Any], cloud_tokens: int | None) -> float:
+    """What an answer costs against the same answer all-cloud at the default prices: the cloud
+    billed for the prompt and ``cloud_tokens`` of its answer (None: nothing sent to the cloud)."""
+    if cloud_tokens is None:
+        return 0.0
+    p, c = row["prompt_tokens"], max(1, row["cloud_tokens"])
+    return min(1.0, (p * 0.5 + min(cloud_tokens, c) * 1.5) / (p * 0.5 + c * 1.5))
+
+
+def _summary(rows: list[dict[str, Any]], escalated: list[bool], passes: list[bool] | None = None,
+             billed: list[float] | None = None) -> dict[str, Any]:
+    """Quality and cost of a policy: ``escalated`` answers are the cloud's whole (unless ``passes`` and
+    ``billed`` say otherwise, per row)."""
     n = len(rows)
-    q = sum((r["cloud_pass"] if e else r["edge_pass"]) for r, e in zip(rows, escalated))
+    if passes is None:
+        passes = [bool(r["cloud_pass"] if e else r["edge_pass"]) for r, e in zip(rows, escalated)]
+    if billed is None:
+        billed = [1.0 if e else 0.0 for e in escalated]
+    q = sum(passes)
     q_cloud, q_edge = sum(r["cloud_pass"] for r in rows), sum(r["edge_pass"] for r in rows)
-    billed = sorted(1.0 if e else 0.0 for e in escalated)
+    ordered = sorted(billed)
     return {"tasks": n, "quality": round(q / n, 4), "quality_vs_all_cloud": round(q / q_cloud, 4),
             "gap_recovered": round((q - q_edge) / (q_cloud - q_edge), 4) if q_cloud != q_edge else None,
-            "cloud_answers": round(sum(escalated) / n, 4), "billed_vs_all_cloud_p50": statistics.median(billed),
-            "billed_vs_all_cloud_mean": round(sum(billed) / n, 4), "answers_above_all_cloud": 0}
+            "cloud_answers": round(sum(escalated) / n, 4), "billed_vs_all_cloud_p50": round(statistics.median(ordered), 4),
+            "billed_vs_all_cloud_p90": round(ordered[int(0.9 * (n - 1))], 4),
+            "billed_vs_all_cloud_mean": round(sum(billed) / n, 4),
+            "answers_above_all_cloud": sum(b > 1.0 for b in billed)}
 
 
 ZERO_SHOT = {"mean_logprob": -1.0, "share_below_half": 1.0, "mean_margin": -1.0}
@@ -294,6 +332,7 @@ def report(args: argparse.Namespace) -> None:
         result["policies"][name] = {"held_out": _summary(rows, [escalated[r["id"]] for r in rows]),
                                     "per_family_held_out": per_family}
     result["apgr_held_out"]["random"] = round(_apgr([rng.random() for _ in rows], rows), 4)
+    result["lead"] = _lead_policies(rows, families)
     # the packaged check: the zero-shot probe signal with the best held-out result
     zero_shot = [k for k in result["policies"] if k.startswith("probe-") and ":fitted" not in k]
     best = max(zero_shot, key=lambda k: (result["policies"][k]["held_out"]["quality_vs_all_cloud"] >= 0.9,
@@ -311,7 +350,60 @@ def report(args: argparse.Namespace) -> None:
         path = Path(__file__).resolve().parents[1] / "src/edgecloud/router/data/probe.json"
         path.write_text(json.dumps(packaged.to_json(), indent=1) + "\n", encoding="utf-8")
     (RESULTS / "chat_only.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps({k: result[k] for k in ("tasks", "all_edge", "oracle", "apgr_held_out", "packaged")}, indent=1))
+    print(json.dumps({k: result[k] for k in ("tasks", "all_edge", "oracle", "apgr_held_out", "packaged", "lead")},
+                     indent=1))
+
+
+LEAD_TARGETS = (0.90, 0.92)
+
+
+def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+    """Lead mode replayed: ``lead-M`` (the cloud's first M tokens, then the edge's tail, always;
+    ``head`` phase) and ``lead-M:SIGNAL@TARGET`` (the edge takes over only where it agrees with the
+    cloud's opening, ``lead-signal`` phase; elsewhere the cloud writes the whole answer), the
+    threshold chosen leave-one-family-out for ``TARGET`` of all-cloud quality on the other families."""
+    out: dict[str, Any] = {}
+    for path in sorted(CORPUS.glob("head-*.edge.jsonl")):
+        m = int(path.name.split("-")[1].split(".")[0])
+        led = {r["id"]: r for r in _rows(path)}
+        if len([r for r in rows if r["id"] in led]) < len(rows):
+            out[f"lead-{m}"] = {"incomplete": f"{len(led)} of {len(rows)} tasks"}
+            continue
+        passes = [bool(led[r["id"]]["pass"]) for r in rows]
+        billed = [_billed(r, led[r["id"]]["head_tokens"]) for r in rows]
+        out[f"lead-{m}"] = {"held_out": _summary(rows, [True] * len(rows), passes, billed),
+                            "per_family": {f: _summary([r for r in rows if r["suite"] == f],
+                                                       [True] * sum(r["suite"] == f for r in rows),
+                                                       [p for p, r in zip(passes, rows) if r["suite"] == f],
+                                                       [b for b, r in zip(billed, rows) if r["suite"] == f])
+                                           for f in families}}
+        signals = {r["id"]: r for r in _rows(CORPUS / f"lead-{m}.signal.jsonl")}
+        if len(signals) < len(rows):
+            continue
+        features = {
+            "agree": lambda r: -sum(signals[r["id"]]["agree"]) / max(1, len(signals[r["id"]]["agree"])),
+            "mean_logprob": lambda r: -statistics.fmean(signals[r["id"]]["logprobs"] or [0.0]),
+        }
+        for name, surprise in features.items():
+            for target in LEAD_TARGETS:
+                whole: dict[str, bool] = {}
+                for fam in families:
+                    train = [r for r in rows if r["suite"] != fam]
+                    q_cloud, chosen = sum(r["cloud_pass"] for r in train), -1e9
+                    for t in sorted({surprise(r) for r in train}, reverse=True) + [-1e9]:
+                        q = sum((r["cloud_pass"] if surprise(r) >= t else led[r["id"]]["pass"]) for r in train)
+                        if q >= target * q_cloud:  # the fewest whole cloud answers that keep the target
+                            chosen = t
+                            break
+                    for r in rows:
+                        if r["suite"] == fam:
+                            whole[r["id"]] = surprise(r) >= chosen
+                p = [bool(r["cloud_pass"] if whole[r["id"]] else led[r["id"]]["pass"]) for r in rows]
+                b = [1.0 if whole[r["id"]] else _billed(r, led[r["id"]]["head_tokens"]) for r in rows]
+                out[f"lead-{m}:{name}@{target}"] = {
+                    "held_out": _summary(rows, [True] * len(rows), p, b),
+                    "whole_by_check": round(sum(whole.values()) / len(rows), 4)}
+    return out
 
 
 def _probe_seconds(row: dict[str, Any], n: int) -> float:
@@ -321,6 +413,126 @@ def _probe_seconds(row: dict[str, Any], n: int) -> float:
     return p["ttft"] + per_token * (min(n, len(p["tokens"])) - 1)
 
 
+# ---------------------------------------------------------------------------- live, through the stand-in
+
+LIVE_POLICIES = ("all-cloud", "all-edge", "default", "probe", "lead")
+
+
+def _serve(model: str, port: int, threads: int, core: int | None) -> Any:
+    import subprocess
+
+    import httpx
+
+    command = [sys.executable, "-m", "edgecloud", "serve", "--model", model, "--port", str(port), "--threads",
+               str(threads), "--ctx", "2048", "--log-level", "warning", "--engine", "llamacpp"]
+    if core is not None:
+        command = ["taskset", "-c", str(core), *command]
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            time.sleep(0.5)
+    proc.kill()
+    raise RuntimeError("edgecloud serve did not become healthy")
+
+
+def _answer(client: Any, row: dict[str, Any], **params: Any) -> dict[str, Any]:
+    started, first, text = time.perf_counter(), None, ""
+    try:
+        chunks = client.chat.completions.create(messages=row["messages"], max_tokens=row["max_tokens"], temperature=0,
+                                                stream=True, **params)
+        final = None
+        for chunk in chunks:
+            if chunk.text and first is None:
+                first = time.perf_counter() - started
+            text += chunk.text
+            final = chunk
+    except Exception as exc:  # noqa: BLE001 - counted: the bar is that nothing raises
+        return {"raised": f"{type(exc).__name__}: {exc}"[:300]}
+    cost = final.cost if final is not None else None
+    return {"ttft": first, "seconds": time.perf_counter() - started, "text": text,
+            "collab": final.route.collab if final is not None else None,
+            "billed": cost.vs_all_cloud if cost is not None else None,
+            "cloud_out": cost.cloud_output_tokens if cost is not None else 0,
+            "notes": [n.code for n in final.route.notes] if final is not None else []}
+
+
+def live(args: argparse.Namespace) -> None:
+    import os
+
+    from edgecloud import EdgeCloud
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+    from edgecloud.router.training.corpus import load_corpus
+    from edgecloud.router.training.tasks import grade
+    from edgecloud.store import resolve_model
+    from edgecloud.testing import HostedChatProxy, LatencyProxy
+
+    tasks = {t.id: t for t in load_corpus(full=True)}
+    outcomes = _rows(OUTCOMES)
+    sample = []
+    for family in sorted({r["suite"] for r in outcomes}):
+        sample += [r for r in outcomes if r["suite"] == family][: args.per_family]
+    split = args.split
+    if split:
+        os.sched_setaffinity(0, {0})
+    port = 18000 + os.getpid() % 1000
+    server = _serve(str(resolve_model(CLOUD_MODEL)), port, 1 if split else 2, 1 if split else None)
+    results: dict[str, list[dict[str, Any]]] = {p: [] for p in LIVE_POLICIES}
+    try:
+        with HostedChatProxy(f"http://127.0.0.1:{port}") as hosted, \
+                LatencyProxy(("127.0.0.1", hosted.port), rtt_s=args.rtt) as net, \
+                LlamaCppBackend(EDGE_MODEL, n_threads=1 if split else None) as edge:
+            url = f"{net.url}/v1"
+            config = {"fallback": {"timeout_s": 300}}
+            clients = {p: EdgeCloud(edge_backend=edge, cloud_base_url=url, cloud_model=CLOUD_MODEL, config=config,
+                                    **({"collab": p} if p in ("probe", "lead") else {}))
+                       for p in ("default", "probe", "lead")}
+            clients["all-cloud"] = clients["all-edge"] = clients["probe"]
+            pins = {"all-cloud": {"route": "cloud", "collab": "off"}, "all-edge": {"route": "edge", "collab": "off"}}
+            warm = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
+            for name in ("default", "probe", "lead"):
+                _answer(clients[name], warm)  # capabilities learned, models warm
+            for i, row in enumerate(sample):
+                for name in LIVE_POLICIES:
+                    out = _answer(clients[name], row, **pins.get(name, {}))
+                    out.update(id=row["id"], family=row["suite"])
+                    if "text" in out:
+                        out["pass"] = grade(tasks[row["id"]], out.pop("text"))
+                    results[name].append(out)
+                print(f"{i + 1}/{len(sample)} {row['id']}", file=sys.stderr)
+            for c in {id(c): c for c in clients.values()}.values():
+                c.close()
+    finally:
+        server.terminate()
+        server.wait(30)
+    summary = {}
+    cloud = results["all-cloud"]
+    for name, rows in results.items():
+        ok = [r for r in rows if "raised" not in r]
+        ratio = [r["seconds"] / c["seconds"] for r, c in zip(rows, cloud) if "raised" not in r and "raised" not in c]
+        summary[name] = {
+            "answers": len(rows), "raised": len(rows) - len(ok),
+            "quality": round(sum(r["pass"] for r in ok) / max(1, len(ok)), 4),
+            "ttft_p50": round(statistics.median(r["ttft"] for r in ok if r["ttft"] is not None), 3),
+            "ttft_p90": round(sorted(r["ttft"] for r in ok if r["ttft"] is not None)[int(0.9 * (len(ok) - 1))], 3),
+            "seconds_p50": round(statistics.median(r["seconds"] for r in ok), 3),
+            "e2e_vs_all_cloud_p50": round(statistics.median(ratio), 3) if ratio else None,
+            "billed_vs_all_cloud_p50": round(statistics.median(r["billed"] or 0.0 for r in ok), 4),
+            "modes": sorted({str(r["collab"]) for r in ok}),
+        }
+    for name in summary:
+        summary[name]["ttft_vs_all_cloud_p50"] = round(summary[name]["ttft_p50"] / summary["all-cloud"]["ttft_p50"], 3)
+        summary[name]["quality_vs_all_cloud"] = round(summary[name]["quality"] / max(1e-9, summary["all-cloud"]["quality"]), 3)
+    out = {"rtt_s": args.rtt, "split_cores": split, "tasks": len(sample), "per_family": args.per_family,
+           "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary, "answers": results}
+    name = f"chat_only_live{'_split' if split else ''}.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="phase", required=True)
@@ -328,11 +540,17 @@ def main() -> None:
     hd = sub.add_parser("head")
     hd.add_argument("--m", type=int, default=16, help="tokens the cloud writes first")
     hd.add_argument("--parallel", type=int, default=8)
+    ls = sub.add_parser("lead-signal")
+    ls.add_argument("--m", type=int, default=16)
     rep = sub.add_parser("report")
     rep.add_argument("--tokens", type=int, default=16, help="probe length of the packaged check")
     rep.add_argument("--write-check", action="store_true", help="write src/edgecloud/router/data/probe.json")
+    lv = sub.add_parser("live")
+    lv.add_argument("--per-family", type=int, default=3)
+    lv.add_argument("--rtt", type=float, default=0.05, help="round trip to the cloud, seconds (LatencyProxy)")
+    lv.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
     args = parser.parse_args()
-    {"probe": probe, "head": head, "report": report}[args.phase](args)
+    {"probe": probe, "head": head, "lead-signal": lead_signal, "report": report, "live": live}[args.phase](args)
 
 
 if __name__ == "__main__":

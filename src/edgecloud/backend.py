@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "SessionBackend", "TemplatedBackend",
-    "Verifier",
+    "TokenScorer", "Verifier",
     "aclose_stream",
     "close_stream", "iterate_in_worker", "refuse_speculation",
 ]
@@ -314,6 +314,19 @@ class ChatTokenizer(Protocol):
 
     def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt tokens of ``messages`` (chat template + tokenizer)."""
+        ...
+
+
+@runtime_checkable
+class TokenScorer(ChatTokenizer, Protocol):
+    """An edge runtime that scores given text: how likely it finds each token (lead mode's check)."""
+
+    def tokenize_text(self, text: str) -> list[int]:
+        """``text`` as token ids (special tokens parsed, no BOS)."""
+        ...
+
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+        """Scores of ``tokens[start:]`` (each with its ``top_n`` best alternatives) and the greedy next token."""
         ...
 
 

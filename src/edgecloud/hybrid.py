@@ -243,7 +243,7 @@ class Hybrid(Backend):
             notes.append(("pii_no_verify", f"{wanted.name} mode cannot redact PII (it sends token ids): "
                                            f"{TEXT_MODE} mode instead"))
             wanted = MODES[TEXT_MODE]
-        if decision.target == "cloud":
+        if decision.target == "cloud" and not wanted.cloud_opens:
             notes.append(("edge_starts", "the edge starts and the cloud writes where it is unsure"))
         if auto:
             notes.append(("policy", f"collab=auto chose {wanted.name} mode: {why}"))

@@ -305,7 +305,7 @@ UNSUPPORTED_FIELDS: dict[str, str] = {
 
 
 #: How the edge and the cloud share one answer (see :mod:`edgecloud.collab`).
-CollabMode = Literal["auto", "off", "token", "checked", "verified", "cascade", "probe"]
+CollabMode = Literal["auto", "off", "token", "checked", "verified", "cascade", "probe", "lead"]
 
 
 class CollabOptions(_Validated):

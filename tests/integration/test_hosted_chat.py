@@ -4,7 +4,8 @@ A real ``edgecloud serve`` (SmolLM2) behind :class:`~edgecloud.testing.HostedCha
 refuses ``/v1/completions`` (404) and body fields OpenAI does not take (400), in OpenAI's words.
 The cloud client learns each refusal once (a typed error, a capability remembered for the
 client's life, never sent again); the default client steps down from verified mode to the mode
-such a cloud can run (probe mode) within the first answer, and answers every request.
+such a cloud can run (lead mode: the cloud opens, the edge takes over where it agrees) within the
+first answer, and answers every request.
 """
 
 from __future__ import annotations
@@ -122,12 +123,12 @@ def test_the_defaults_answer_every_request_through_a_hosted_api(edge: Backend, h
         stats = c.stats()
     for text, final in answers:
         assert text and final.choices[0].finish_reason in ("stop", "length")
-        assert final.route.collab == "probe"
-        assert [n for n in final.route.notes if n.code == "probe"]  # which side wrote it, and the score
-    first_notes = {n.code: n.text for n in answers[0][1].route.notes}
-    assert "'score'" in first_notes["collab_mode"]  # the first answer stepped down within itself
+        assert final.route.collab == "lead"
+        assert final.route.cloud_calls == 1  # one plain chat request: no check, no span
+    first = [n.text for n in answers[0][1].route.notes if n.code == "collab_mode"]
+    assert any("'score'" in t for t in first)  # the first answer stepped down within itself
     later = answers[1][1].route.notes
-    assert any(n.code == "policy" and "probe" in n.text for n in later)  # later ones start there
+    assert any(n.code == "policy" and "lead" in n.text for n in later)  # later ones start there
     assert hosted.refused["completions"] == 1 and hosted.refused["continue_final_message"] == 1
     assert stats["clouds"][0]["capabilities"]["score"] is False
     assert stats["clouds"][0]["capabilities"]["continue"] is False
@@ -145,6 +146,35 @@ def test_probe_mode_gives_the_answer_to_one_side_whole(edge: Backend, hosted: Ho
     assert [f.cause for f in final.route.fallbacks] == (["low_confidence"] if side == "cloud" else [])
     billed = final.cost.cloud_input_tokens if final.cost else 0
     assert (billed > 0) == (side == "cloud")
+
+
+def test_lead_mode_hands_the_answer_to_the_edge_after_the_clouds_opening(edge: Backend,
+                                                                         hosted: HostedChatProxy) -> None:
+    with client(edge, hosted.url, mode="lead", lead_tokens=6, lead_agree=0.0) as c:
+        text, final = ask(c, PROMPTS[2])
+        alone, _ = ask(c, PROMPTS[2], route="cloud", collab="off")
+    assert final.route.collab == "lead" and final.route.cloud_calls == 1
+    assert final.cost is not None and 0 < final.cost.cloud_output_tokens <= 8  # the opening, and what was in flight
+    assert final.cost.cloud_input_tokens > 0  # the prompt is billed though the stream was closed early
+    assert final.cost.vs_all_cloud < 1
+    opening = alone[:10]
+    assert text.startswith(opening)  # the cloud's own opening, then the edge's continuation
+    assert final.route.tokens["edge"] > 0 and 0 < final.route.tokens["cloud"] <= 8
+
+
+def test_lead_mode_leaves_the_answer_to_the_cloud_where_the_edge_disagrees(qwen05_path: Path,
+                                                                           hosted: HostedChatProxy) -> None:
+    """Another family on the edge (Qwen 0.5B) does not write SmolLM2's opening token for token: with
+    every token required, the cloud writes the whole answer, as it would alone."""
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+
+    with LlamaCppBackend(str(qwen05_path), n_ctx=1024) as other:
+        with client(other, hosted.url, mode="lead", lead_tokens=8, lead_agree=1.0) as c:
+            text, final = ask(c, PROMPTS[0])
+            alone, whole = ask(c, PROMPTS[0], route="cloud", collab="off")
+    assert text == alone
+    assert final.cost is not None and final.cost.cloud_output_tokens == whole.cost.cloud_output_tokens
+    assert any(n.code == "collab_mode" and n.value is not None and n.value < 1 for n in final.route.notes)
 
 
 def test_a_refused_span_leaves_the_edge_to_write_on(edge: Backend, hosted: HostedChatProxy) -> None:
@@ -180,4 +210,4 @@ def test_the_async_client_steps_down_too(edge: Backend, hosted: HostedChatProxy)
         return "".join(ch.text for ch in chunks), chunks[-1]
 
     text, final = asyncio.run(main())
-    assert text and final.route.collab == "probe"
+    assert text and final.route.collab == "lead"

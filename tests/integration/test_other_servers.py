@@ -84,5 +84,5 @@ def test_the_defaults_answer_every_request(edge: Backend, llama_server: tuple[st
             assert "".join(ch.text for ch in chunks)
             finals.append(chunks[-1])
         capabilities = c.stats()["clouds"][0]["capabilities"]
-    assert [f.route.collab for f in finals] == ["probe", "probe"]
+    assert [f.route.collab for f in finals] == ["lead", "lead"]
     assert capabilities["score"] is False and capabilities["continue"] is False

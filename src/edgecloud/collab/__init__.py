@@ -11,7 +11,9 @@ Each way is a :class:`~edgecloud.collab.run.Mode` in one registry, :data:`MODES`
 * ``verified`` (:mod:`.verified`) - the edge drafts, the cloud verifies every draft in one forward
   pass; the answer is the cloud's greedy answer;
 * ``probe`` (:mod:`.probe`) - for a cloud that only chats: the edge's first tokens, unseen, decide
-  whether the edge or the cloud writes the whole answer.
+  whether the edge or the cloud writes the whole answer;
+* ``lead`` (:mod:`.lead`) - for a cloud that only chats: the cloud writes the answer's first tokens,
+  the edge the rest.
 
 :mod:`.gate` says when the edge is unsure; :mod:`.run` holds what the modes share (the
 request's :class:`~edgecloud.collab.run.AnswerRun`, the shared-answer base, the span deadline).
@@ -24,6 +26,7 @@ from .run import MODES, AnswerRun, Mode, SharedAnswer, register_mode
 from .auto import auto_mode
 from .cascade import CascadeMode
 from .gate import Gate, TokenSignals, signals_of
+from .lead import LeadMode
 from .plain import PlainMode
 from .probe import ProbeMode
 from .token import TokenCollab, TokenMode
@@ -39,7 +42,7 @@ AUTO_MODE = VerifiedMode.name
 TEXT_MODE = TokenMode.name
 
 __all__ = [
-    "AUTO_MODE", "auto_mode", "MODES", "TEXT_MODE", "AnswerRun", "CascadeMode", "CheckedMode", "DraftAndCheck", "Gate", "Mode",
+    "AUTO_MODE", "auto_mode", "MODES", "TEXT_MODE", "AnswerRun", "CascadeMode", "CheckedMode", "DraftAndCheck", "Gate", "LeadMode", "Mode",
     "PlainMode", "ProbeMode", "SharedAnswer", "TokenCollab", "TokenMode", "TokenSignals", "VerifiedMode", "register_mode",
     "can_score", "signals_of",
 ]

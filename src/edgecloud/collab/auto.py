@@ -8,9 +8,10 @@ edge may start, best first, and takes the first whose needs the sides meet:
    ``score`` or ``token_ids``); nothing is redacted (the cloud would see token ids);
 2. ``token`` - the edge gives token logprobs and every cloud may continue an assistant message
    (it has not refused ``continue``): the cloud writes text spans where the edge is unsure;
-3. ``probe`` - the edge gives token logprobs and a cloud only chats: the edge's first tokens
-   decide whether it or the cloud writes the whole answer;
-4. none: one side answers, where the router sends it.
+3. ``lead`` - anything else, a cloud that only chats included: the cloud opens each answer and the
+   edge takes over where it agrees with the opening (plain chat requests only). On the development
+   corpus, held out by family, it beat choosing one side per answer from the edge's first tokens
+   (``probe``) on cost at the same quality (``benchmarks/chat_only.py``).
 
 Capabilities are learned as endpoints answer (:mod:`edgecloud.capabilities`): a refusal moves the
 next answer — and the refused answer itself, when nothing of it was shown yet — down this list.
@@ -54,10 +55,10 @@ def choose_mode(*, runtime: str, drafts: bool, logprobs: bool, scores: bool, con
     ``logprobs``; every cloud ``scores`` continuations by token id and ``continues`` text."""
     if drafts and scores and not redacted:
         return "verified", "the edge drafts token ids and the cloud scores them"
-    if not logprobs:
-        return None, f"the {runtime} runtime gives no token logprobs"
     why = ("the conversation is redacted (token ids would leak it)" if redacted else
            "the cloud does not score continuations" if not scores else f"the {runtime} runtime drafts no token ids")
-    if continues:
+    if logprobs and continues:
         return "token", f"{why}; it continues text"
-    return "probe", f"{why} nor continues an assistant message: the edge's first tokens decide who answers"
+    if not continues:
+        why += " nor continues an assistant message"
+    return "lead", f"{why}: the cloud opens each answer, the edge takes over where it agrees"

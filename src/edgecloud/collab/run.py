@@ -107,6 +107,8 @@ class Mode(ABC):
     decides_while_writing: ClassVar[bool] = False
     #: Whether it runs only for the router's middle band of scores (the buffered cascade).
     middle_band_only: ClassVar[bool] = False
+    #: Whether the cloud writes the answer's first tokens (the edge does in every other shared mode).
+    cloud_opens: ClassVar[bool] = False
     #: Whether it reads the edge's token logprobs (an edge runtime without them cannot run it).
     needs_logprobs: ClassVar[bool] = False
     #: Whether it works on a redacted conversation (a mode that sends token ids cannot).
