@@ -208,7 +208,7 @@ class _Completions:
         """OpenAI-shaped chat completion; ``stream=True`` returns an iterator of chunks.
 
         Besides the OpenAI fields: ``route="auto"|"edge"|"cloud"``,
-        ``privacy="default"|"local_only"`` and ``collab="auto"|"off"|"token"|"verified"|"cascade"``
+        ``privacy="default"|"local_only"`` and ``collab="auto"|"off"|"checked"|"token"|"verified"|"cascade"|"lead"|"probe"``
         (how the sides share the answer; default: the client's ``collab`` setting).
         """
         request = self._client._build(messages, stream=stream, **params)

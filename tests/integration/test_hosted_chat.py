@@ -72,7 +72,6 @@ def continuing(text: str) -> ChatRequest:
 
 def test_the_backend_learns_each_refusal_once(hosted: HostedChatProxy) -> None:
     with CloudBackend(hosted.url, MODEL, api_key=KEY, max_retries=0) as cloud:
-        assert cloud.supports_continuation  # unknown: worth a try
         with pytest.raises(ContinuationUnsupportedError) as refused:
             list(cloud.stream(continuing("Red")))
         assert refused.value.extension == "continue" and refused.value.cause == "unsupported"
@@ -211,3 +210,33 @@ def test_the_async_client_steps_down_too(edge: Backend, hosted: HostedChatProxy)
 
     text, final = asyncio.run(main())
     assert text and final.route.collab == "lead"
+
+
+def test_plan_says_what_a_cloud_takes_and_what_auto_runs_with_it(smollm2_path: Path, server: ServeProcess,
+                                                                 hosted: HostedChatProxy,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from edgecloud.cli.plan import plan_command
+
+    app = typer.Typer()
+    app.command("plan")(plan_command)
+    app.command("noop")(lambda: None)
+    monkeypatch.setenv("EDGECLOUD_CLOUD_API_KEY", KEY)
+    modes = {}
+    for name, url in (("ours", server.url), ("hosted", hosted.url)):
+        result = CliRunner().invoke(app, ["plan", "--model", str(smollm2_path), "--json", "--cloud-base-url", url,
+                                          "--cloud-model", MODEL])
+        assert result.exit_code == 0, result.output
+        cloud = json.loads(result.stdout)["cloud"]
+        modes[name] = (cloud["auto_mode"], cloud["capabilities"]["score"], cloud["capabilities"]["continue"])
+    assert modes == {"ours": ("verified", True, True), "hosted": ("lead", False, False)}
+    table = CliRunner().invoke(app, ["plan", "--model", str(smollm2_path), "--cloud-base-url", hosted.url,
+                                     "--cloud-model", MODEL])
+    assert table.exit_code == 0 and "lead mode" in table.stdout
+    down = CliRunner().invoke(app, ["plan", "--model", str(smollm2_path), "--cloud-base-url", "http://127.0.0.1:9",
+                                    "--cloud-model", MODEL])
+    assert down.exit_code == 2 and "cannot connect" in down.output

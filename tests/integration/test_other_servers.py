@@ -86,3 +86,22 @@ def test_the_defaults_answer_every_request(edge: Backend, llama_server: tuple[st
         capabilities = c.stats()["clouds"][0]["capabilities"]
     assert [f.route.collab for f in finals] == ["lead", "lead"]
     assert capabilities["score"] is False and capabilities["continue"] is False
+
+
+def test_a_broken_edge_answer_is_not_continued_by_a_server_that_would_start_a_new_turn(
+        edge: Backend, llama_server: tuple[str, str]) -> None:
+    """The edge fails mid-answer; the failover asks the server once whether it continues text (it
+    does not: it answers a new turn), so the partial answer is not followed by a second one: the
+    edge's failure is raised, typed."""
+    from edgecloud.errors import BackendError
+    from faults import BreaksAfter
+
+    url, model = llama_server
+    config = {"fallback": {"max_retries": 0, "timeout_s": 60}, "router": {"pii": "off"}}
+    with EdgeCloud(edge_backend=BreaksAfter(edge, 3), cloud_base_url=url, cloud_model=model, config=config) as c:
+        with pytest.raises(BackendError) as failed:
+            list(c.chat.completions.create(messages=[{"role": "user", "content": PROMPTS[0]}], max_tokens=24,
+                                           temperature=0, stream=True, route="edge", collab="off"))
+        capabilities = c.stats()["clouds"][0]["capabilities"]
+    assert failed.value.cause == "runtime_error"
+    assert capabilities["continue"] is False

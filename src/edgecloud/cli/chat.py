@@ -179,8 +179,8 @@ def chat_command(
     seed: int | None = typer.Option(None, "--seed", help="Sampling seed for reproducible answers."),
     route: str = typer.Option("auto", "--route", help="auto (the router decides), edge or cloud."),
     collab: str | None = typer.Option(
-        None, "--collab", help="How edge and cloud share an answer: auto, off, checked, token, verified or cascade "
-                               "(default: the settings' collab.mode, auto).",
+        None, "--collab", help="How edge and cloud share an answer: auto, off, checked, token, verified, cascade, "
+                               "lead or probe (default: the settings' collab.mode, auto).",
     ),
     backend: str = typer.Option("llamacpp", "--backend", help=f"Edge runtime: {', '.join(EDGE_RUNTIMES)}."),
     cloud_url: list[str] = typer.Option(

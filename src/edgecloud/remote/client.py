@@ -463,8 +463,9 @@ class CloudBackend(Backend):
 
     @property
     def supports_continuation(self) -> bool:  # type: ignore[override]
-        """Whether it may continue a partial answer: until the endpoint refused to."""
-        return self.capabilities.may("continue")
+        """Whether it continues a partial answer (asked once, with two one-token requests, the first
+        time a failover needs to know; an endpoint that cannot be asked is given the benefit)."""
+        return self.capabilities.find("continue")
 
     @property
     def model_name(self) -> str:
@@ -497,8 +498,11 @@ class CloudBackend(Backend):
                 raise _unsupported(name, f"{self._chat_url} refused it earlier: {self.capabilities.why(name)}")
 
     def _learned(self, body: dict[str, Any]) -> None:
+        """The endpoint took ``body``'s extensions. Taking ``continue_final_message`` is not honouring
+        it (some servers answer a new turn): only :meth:`_probe_continue` says that one works."""
         for name in _extensions(body):
-            self.capabilities.allow(name)
+            if name != "continue":
+                self.capabilities.allow(name)
 
     def _refusal(self, body: dict[str, Any], exc: EdgeCloudError) -> list[Capability] | None:
         """The extensions to test when ``body`` was refused with ``exc`` (None: nothing to test): a
@@ -765,11 +769,12 @@ class CloudBackend(Backend):
         """``usage.prompt_tokens`` of a one-token answer to ``body`` (None: the server reports none)."""
         response = self._post({**body, "stream": False})
         try:
-            usage = json.loads(response.read()).get("usage") or {}
-        except (ValueError, AttributeError, httpx.HTTPError):
+            answer = json.loads(response.read())
+        except (ValueError, httpx.HTTPError):
             return None
         finally:
             response.close()
+        usage = answer.get("usage") if isinstance(answer, dict) else None
         count = usage.get("prompt_tokens") if isinstance(usage, dict) else None
         return count if isinstance(count, int) else None
 
