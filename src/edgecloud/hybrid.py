@@ -195,10 +195,10 @@ class Hybrid(Backend):
         Nothing is shared when one side is missing or privacy keeps the request on the device, nor
         for an answer held to a grammar (structured output, tool calls: a span would hand a half
         to another side's grammar). ``auto`` is the best mode the sides can run
-        (:func:`edgecloud.collab.auto_mode`: verified, token or probe, by what the edge runtime and
-        each endpoint were seen to do) for every answer the edge can start, also those the router's score would send to the cloud (the score does
-        not carry over to unseen tasks; a shared mode reads the edge's own uncertainty while it
-        writes): only ``route="cloud"``, a prompt the edge cannot hold, or an edge that is down
+        (:func:`edgecloud.collab.auto_mode`: verified, token or lead, by what the edge runtime and
+        each endpoint were seen to do) for every answer the edge can start, also those the
+        router's score would send to the cloud (the score does not carry over to unseen tasks; a
+        shared mode reads the edge's own uncertainty while it writes): only ``route="cloud"``, a prompt the edge cannot hold, or an edge that is down
         start on the cloud. A mode that needs the edge's token logprobs falls back to one side
         under ``auto`` and is a ConfigError when asked for by name; a mode that cannot redact
         PII runs token mode under ``pii="redact"``.

@@ -28,7 +28,8 @@ backend) and edge and cloud models that share a tokenizer; anything else is a
 :class:`~edgecloud.errors.ConfigError`. An endpoint that refuses to score (a hosted chat API) or
 names other token ids is remembered in its capabilities; under ``collab="auto"`` an answer it
 refused before showing anything is written by the next mode :mod:`.auto` ranks, one it refused
-later goes on on the edge alone (a route note says which). Sampling parameters are ignored: both modes are greedy.
+later goes on on the edge alone (a route note says which). Sampling parameters are ignored: both
+modes are greedy.
 A cloud that fails mid-answer leaves the edge to finish alone (``route.fallbacks`` says so); an
 edge that fails hands the rest to the cloud.
 """
