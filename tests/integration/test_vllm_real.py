@@ -148,15 +148,28 @@ def test_the_hybrid_client_uses_vllm_as_its_cloud(vllm_url: str, smollm2_path: P
     assert story.text[at:] == expected
 
 
-def test_the_default_checks_the_edges_doubts_with_vllm(vllm_url: str, smollm2_path: Path) -> None:
-    """The client's defaults with vLLM as the cloud: verified mode, vLLM scoring the drafted blocks.
-    vLLM holds no token session, so each check sends the whole context (the first round, and every
-    one after, as the client counts it); its prefix cache reports the repeated part as cached."""
+def test_the_default_does_not_check_every_block_against_a_cloud_without_sessions(vllm_url: str,
+                                                                                 smollm2_path: Path) -> None:
+    """vLLM scores drafted blocks but holds no token session: every check would send the whole
+    context again. The default learns that from its first check, before anything is shown, and
+    writes the answer with text spans (which vLLM's prefix cache serves); later answers start
+    there. Verified mode asked for by name still checks every block."""
     config = {"fallback": {"max_retries": 0, "timeout_s": 120}, "router": {"pii": "off"}}
     with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
         with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
                        cloud_api_key=KEY, config=config) as client:
-            answer = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0)
+            first = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0)
+            later = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0)
+            capabilities = client.stats()["clouds"][0]["capabilities"]
+    assert first.text and later.text
+    assert first.route.collab == later.route.collab == "token"
+    assert any(n.code == "collab_mode" and "'sessions'" in n.text for n in first.route.notes)
+    assert capabilities["sessions"] is False and capabilities["score"] is True
+    with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
+        with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
+                       cloud_api_key=KEY, config=config) as client:
+            answer = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0,
+                                                    collab="verified")
             cloud = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0, route="cloud",
                                                    collab="off")
     route, cost = answer.route, answer.cost

@@ -115,5 +115,6 @@ def _cloud(base_url: str | None, model: str | None, *, onnx: bool) -> dict[str, 
     table = found.table()
     runtime = "onnx" if onnx else "llamacpp"  # what plans a folder, what plans a GGUF file
     mode, why = choose_mode(runtime=runtime, drafts=not onnx, logprobs=True, scores=bool(table["score"]) and
-                            table["token_ids"] is not False, continues=table["continue"] is not False)
+                            table["token_ids"] is not False, continues=table["continue"] is not False,
+                            sessions=table["sessions"] is not False)
     return {**found.snapshot(), "auto_mode": mode or "off", "why": why}

@@ -5,7 +5,9 @@ edge may start, best first, and takes the first whose needs the sides meet:
 
 1. ``verified`` - the edge drafts token ids (:class:`~edgecloud.backend.Drafter`) and every cloud
    scores continuations by token id (:class:`~edgecloud.backend.Verifier`, and it has not refused
-   ``score`` or ``token_ids``); nothing is redacted (the cloud would see token ids);
+   ``score`` or ``token_ids``) in a token session (a cloud that holds none, as vLLM, would be sent
+   the whole context at every check: many times the bill of asking it alone); nothing is redacted
+   (the cloud would see token ids);
 2. ``token`` - the edge gives token logprobs and every cloud may continue an assistant message
    (it has not refused ``continue``): the cloud writes text spans where the edge is unsure;
 3. ``lead`` - anything else, a cloud that only chats included: the cloud opens each answer and the
@@ -43,20 +45,25 @@ def auto_mode(edge: Backend, clouds: Sequence[Backend], *, redacted: bool = Fals
     if not clouds:
         return None, "no cloud endpoint"
     scores = all(isinstance(c, Verifier) and may(c, "score") and may(c, "token_ids") for c in clouds)
+    sessions = all(may(c, "sessions") for c in clouds)
     drafts = isinstance(edge, Drafter)
-    continues = (drafts and scores and not redacted) or all(may(c, "continue", probe=probe) for c in clouds)
+    checks = drafts and scores and sessions and not redacted
+    continues = checks or all(may(c, "continue", probe=probe) for c in clouds)
     return choose_mode(runtime=edge.name, drafts=drafts, logprobs=edge.supports_logprobs, scores=scores,
-                       continues=continues, redacted=redacted)
+                       continues=continues, redacted=redacted, sessions=sessions)
 
 
 def choose_mode(*, runtime: str, drafts: bool, logprobs: bool, scores: bool, continues: bool,
-                redacted: bool = False) -> tuple[str | None, str]:
+                redacted: bool = False, sessions: bool = True) -> tuple[str | None, str]:
     """:func:`auto_mode` from what the sides can do: the edge runtime ``drafts`` token ids and gives
-    ``logprobs``; every cloud ``scores`` continuations by token id and ``continues`` text."""
-    if drafts and scores and not redacted:
+    ``logprobs``; every cloud ``scores`` continuations by token id, holds token ``sessions`` (else
+    every check would send the whole context again: vLLM) and ``continues`` text."""
+    if drafts and scores and sessions and not redacted:
         return "verified", "the edge drafts token ids and the cloud scores them"
     why = ("the conversation is redacted (token ids would leak it)" if redacted else
-           "the cloud does not score continuations" if not scores else f"the {runtime} runtime drafts no token ids")
+           "the cloud does not score continuations" if not scores else
+           f"the {runtime} runtime drafts no token ids" if not drafts else
+           "the cloud holds no token sessions (every check would send the whole context again)")
     if logprobs and continues:
         return "token", f"{why}; it continues text"
     if not continues:

@@ -170,6 +170,7 @@ class DraftAndCheck(SharedAnswer):
             if attempt is not None:
                 cloud_part.backend = attempt.backend.name
                 checked = self._checked(edge, attempt, prompt + ids, block, cloud_part)
+                self._holds_sessions(attempt)
                 if checked is not None:
                     kept, extra = checked
                     acceptance.observe(len(block), len(kept))
@@ -206,6 +207,15 @@ class DraftAndCheck(SharedAnswer):
             self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} refused "
                                               f"{refused.extension!r}: the edge writes on alone")
             return None
+
+    def _holds_sessions(self, attempt: Attempt) -> None:
+        """Under ``collab="auto"``, before anything was shown: a cloud that answered the first check
+        without holding the session would be sent the whole context at every later check (vLLM; many
+        times the bill of asking it alone), so the answer steps down to the next mode."""
+        if self.run.auto and not self._opened and self.session.supported is False:
+            said = (f"{attempt.label or attempt.backend.name} holds no token session: every check would send the "
+                    "whole context again")
+            raise _StepDown(ExtensionUnsupportedError(said, extension="sessions"), attempt)
 
     def _calls_left(self) -> bool:
         return self.max_calls is None or self.recorder.cloud_calls < self.max_calls

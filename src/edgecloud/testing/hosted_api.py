@@ -23,6 +23,7 @@ uvicorn). Put a :class:`~edgecloud.testing.LatencyProxy` in front of it for a ro
 # no ``from __future__ import annotations``: FastAPI reads the handlers' annotations (``Request``,
 # imported where the app is made) when they are defined
 
+import contextlib
 import json
 import threading
 from collections import Counter
@@ -75,8 +76,18 @@ class HostedChatProxy:
         from fastapi import FastAPI, Request
         from fastapi.responses import Response, StreamingResponse
 
-        app = FastAPI()
-        client = httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0))
+        clients: list[httpx.AsyncClient] = []
+
+        @contextlib.asynccontextmanager
+        async def lifespan(_: Any) -> Any:
+            # made and closed on the server's own loop (closed elsewhere, its sockets outlive the loop)
+            clients.append(httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=5.0)))
+            try:
+                yield
+            finally:
+                await clients.pop().aclose()
+
+        app = FastAPI(lifespan=lifespan)
 
         def passed_on(request: Request) -> dict[str, str]:
             keep = ("authorization", "accept")
@@ -84,7 +95,7 @@ class HostedChatProxy:
 
         @app.get("/v1/models")
         async def models(request: Request) -> Any:
-            answer = await client.get(f"{self.target}/models", headers=passed_on(request))
+            answer = await clients[0].get(f"{self.target}/models", headers=passed_on(request))
             return Response(answer.content, status_code=answer.status_code, media_type="application/json")
 
         @app.post("/v1/completions")
@@ -103,6 +114,7 @@ class HostedChatProxy:
                 self.refused[unknown[0]] += 1
                 return _error(400, f"Unrecognized request argument supplied: {unknown[0]}")
             self.passed += 1
+            client = clients[0]
             upstream = client.build_request("POST", f"{self.target}/chat/completions", json=body,
                                             headers=passed_on(request))
             answer = await client.send(upstream, stream=True)
@@ -129,7 +141,7 @@ class HostedChatProxy:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self._server = uvicorn.Server(uvicorn.Config(self._app(), host="127.0.0.1", port=self.port,
-                                                     log_level="warning", lifespan="off"))
+                                                     log_level="warning", lifespan="on"))
         self._thread = threading.Thread(target=self._server.run, name="hosted-chat-proxy", daemon=True)
         self._thread.start()
         for _ in range(500):
