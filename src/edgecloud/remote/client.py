@@ -1,10 +1,12 @@
 """CloudBackend: a :class:`~edgecloud.backend.Backend` for any OpenAI-compatible HTTP endpoint.
 
 This module owns the HTTP side of the cloud: the request body sent to
-``/chat/completions``, the retry policy, reading server-sent events into
-:class:`~edgecloud.types.ChatCompletionChunk`, and translating HTTP failures into the
-:mod:`edgecloud.errors` tree. It talks to ``edgecloud serve``, vLLM, SGLang, llama.cpp's
-server and OpenAI alike, sync (:class:`httpx.Client`) and async (:class:`httpx.AsyncClient`).
+``/chat/completions``, the retry policy, and what each endpoint accepts beyond plain chat (its
+:class:`~edgecloud.capabilities.Capabilities`, learned from refusals and one-token probes). Reading
+server-sent events into :class:`~edgecloud.types.ChatCompletionChunk` and translating HTTP failures
+into the :mod:`edgecloud.errors` tree (the table below) are :mod:`edgecloud.remote.wire`'s. It
+talks to ``edgecloud serve``, vLLM, SGLang, llama.cpp's server and OpenAI alike, sync
+(:class:`httpx.Client`) and async (:class:`httpx.AsyncClient`).
 
 Rules:
 
@@ -54,17 +56,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Iterator
-from datetime import datetime, timezone
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, get_args
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 from urllib.parse import urlsplit
 
 import httpx
-from pydantic import ValidationError
 
 from ..backend import Backend
 from ..capabilities import Capabilities, Capability
@@ -77,7 +75,6 @@ from .retry import (
     RetryPolicy,
 )
 from ..errors import (
-    AuthenticationError,
     BackendError,
     BackendUnavailableError,
     ConfigError,
@@ -87,21 +84,17 @@ from ..errors import (
     ExtensionUnsupportedError,
     InvalidRequestError,
     ModelNotFoundError,
-    RateLimitedError,
     ScoringUnsupportedError,
     SessionExpiredError,
 )
 from ..runtime.scoring import Scored, TokenScore, TokenSession
+from .wire import EventReader, error_fields, translate, usage_counts, wait_hint
 from ..types import (
     ChatCompletion,
     ChatCompletionChunk,
     ChatRequest,
-    FinishReason,
     RouteInfo,
-    Usage,
     collect_chunks,
-    new_completion_id,
-    now,
 )
 
 if TYPE_CHECKING:
@@ -109,29 +102,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DEFAULT_MAX_RETRY_WAIT", "CloudBackend", "RetryPolicy"]
 
-_FINISH_REASONS = frozenset(get_args(FinishReason))
 # Set on the request by the sender, never copied from the caller's request.
 _NOT_FORWARDED = {"route", "privacy", "collab", "model", "stream", "stream_options", "max_completion_tokens",
                   "store", "metadata", "service_tier", "reasoning_effort", "safety_identifier"}
 _STREAM_HEADERS = {"Accept": "text/event-stream"}
-# In-band error events rarely carry a status; their OpenAI ``type`` says which one it would be.
-_STATUS_OF_TYPE = {
-    "invalid_request_error": 400,
-    "authentication_error": 401,
-    "permission_error": 403,
-    "not_found_error": 404,
-    "rate_limit_error": 429,
-    "rate_limit_exceeded": 429,
-}
-# Token counts in context-overflow messages: edgecloud's, OpenAI's and vLLM's wordings.
-_PROMPT_COUNT = (
-    r"prompt is (\d+) tokens",
-    r"(\d+) in the messages",
-    r"has (\d+) input tokens",
-    r"messages resulted in (\d+) tokens",
-    r"requested (\d+) tokens",
-)
-_CONTEXT_COUNT = (r"context window is (\d+)", r"maximum context length is (\d+)")
 #: The body fields of each chat extension an endpoint may refuse (what a refused request is tried
 #: again without, to learn which one it refused), most often refused first.
 _EXTENSION_FIELDS: dict[Capability, tuple[str, ...]] = {
@@ -177,224 +151,6 @@ def _api_root(base_url: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}")
     return url if parts.path else f"{url}/v1"
-
-
-def _retry_after(headers: httpx.Headers) -> float | None:
-    """The server's wait hint in seconds: ``retry-after-ms``, or ``Retry-After`` (seconds or date)."""
-    millis = headers.get("retry-after-ms")
-    if millis:
-        try:
-            return max(0.0, float(millis) / 1000)
-        except ValueError:
-            pass
-    value = headers.get("retry-after")
-    if not value:
-        return None
-    try:
-        return max(0.0, float(value))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    return max(0.0, (when - datetime.now(timezone.utc)).total_seconds())
-
-
-def _error_fields(body: Any, text: str) -> tuple[str, Any, Any, Any]:
-    """(message, param, code, type) from OpenAI's ``{"error": {...}}``, vLLM's flat shape or FastAPI's."""
-    error = body.get("error") if isinstance(body, dict) else None
-    if isinstance(error, str):
-        return error, None, None, None
-    if not isinstance(error, dict) and isinstance(body, dict) and "message" in body:
-        error = body
-    if not isinstance(error, dict):
-        detail = body.get("detail") if isinstance(body, dict) else None
-        return str(detail) if detail else (text.strip()[:500] or "(empty body)"), None, None, None
-    return str(error.get("message") or text.strip()[:500] or "(no message)"), error.get("param"), error.get("code"), error.get("type")
-
-
-def _first_count(patterns: tuple[str, ...], message: str) -> int:
-    for pattern in patterns:
-        match = re.search(pattern, message)
-        if match:
-            return int(match.group(1))
-    return 0
-
-
-def _translate(status: int, message: str, param: Any, code: Any, said: str, retry_after: float | None) -> EdgeCloudError:
-    """One HTTP failure -> the edgecloud error a caller can act on (``said`` is the full message)."""
-    if code == "session_expired":
-        return SessionExpiredError(said)
-    if code == "context_length_exceeded" or (status == 400 and "maximum context length" in message.lower()):
-        error = ContextOverflowError(_first_count(_PROMPT_COUNT, message), _first_count(_CONTEXT_COUNT, message))
-        error.args = (said,)  # the server's words, not a message rebuilt from counts that may be 0
-        return error
-    if status in (401, 403):
-        return AuthenticationError(f"{said}; check the api_key")
-    if status == 404:
-        return ModelNotFoundError(f"{said}; check the model name and that base_url is the API root")
-    if status == 429:
-        hint = f" (Retry-After: {retry_after:g} s)" if retry_after is not None else ""
-        return RateLimitedError(f"{said}{hint}", retry_after=retry_after)
-    if 400 <= status < 500:
-        return InvalidRequestError(said, param=param if isinstance(param, str) else None)
-    if status in (502, 503, 504):
-        return BackendUnavailableError(said, cause="server_error")
-    return BackendError(said, cause="server_error")
-
-
-def _usage(raw: dict[str, Any]) -> dict[str, int]:
-    details = raw.get("prompt_tokens_details")
-    cached = raw.get("cached_tokens") or (details.get("cached_tokens") if isinstance(details, dict) else 0)
-    prompt, completion = raw.get("prompt_tokens") or 0, raw.get("completion_tokens") or 0
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": raw.get("total_tokens") or prompt + completion,
-        "cached_tokens": cached or 0,
-    }
-
-
-def _normalise(payload: dict[str, Any]) -> dict[str, Any]:
-    """Bend the servers' small differences into our chunk shape (nulls, extra finish reasons)."""
-    for choice in payload.get("choices") or []:
-        if not isinstance(choice, dict):
-            continue
-        if choice.get("finish_reason") is not None and choice["finish_reason"] not in _FINISH_REASONS:
-            choice["finish_reason"] = "stop"
-        logprobs = choice.get("logprobs")
-        if isinstance(logprobs, dict) and logprobs.get("content") is None:
-            choice["logprobs"] = None
-        delta = choice.get("delta")
-        if isinstance(delta, dict) and delta.get("role") not in (None, "assistant"):
-            delta.pop("role")
-    if isinstance(payload.get("usage"), dict):
-        payload["usage"] = _usage(payload["usage"])
-    return payload
-
-
-class _EventReader:
-    """SSE lines in, our chunks out. No I/O: the sync and async paths feed it the same way.
-
-    The finish chunk is held back until the usage chunk (or ``[DONE]``) arrives, so the
-    last chunk handed out carries usage and route together.
-    """
-
-    def __init__(self, where: str, route: RouteInfo, model: str) -> None:
-        self.where, self.route, self.model = where, route, model
-        self.done = False
-        self.delivered = 0
-        self._data: list[str] = []
-        self._event = ""
-        self._held: ChatCompletionChunk | None = None
-        self._last: ChatCompletionChunk | None = None
-        self._usage: Usage | None = None
-
-    def feed(self, line: str) -> list[ChatCompletionChunk]:
-        """One line without its line ending; a blank line ends an event."""
-        if self.done:
-            return []
-        if not line:
-            return self._dispatch()
-        if line.startswith(":"):  # comment, e.g. a keepalive
-            return []
-        field, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if field == "data":
-            self._data.append(value)
-        elif field == "event":
-            self._event = value
-        return []
-
-    def end(self) -> list[ChatCompletionChunk]:
-        """The body ended: flush, and accept a finished answer even without ``[DONE]``."""
-        out = self._dispatch() if self._data and not self.done else []
-        if self.done:
-            return out
-        if self._held is None:
-            raise BackendError(
-                f"the stream from {self.where} ended after {self.delivered} chunks without a finish "
-                "reason or [DONE]; the server stopped mid-answer",
-                cause="disconnected",
-            )
-        self.done = True
-        return [*out, *self._final()]
-
-    def _dispatch(self) -> list[ChatCompletionChunk]:
-        data, event = "\n".join(self._data), self._event
-        self._data, self._event = [], ""
-        if not data.strip():
-            return []
-        if data.strip() == "[DONE]":
-            self.done = True
-            return self._final()
-        try:
-            payload = json.loads(data)
-        except ValueError as exc:
-            raise BackendError(
-                f"{self.where} sent a malformed stream: an event is not JSON ({exc}): {data[:200]!r}",
-                cause="malformed_stream",
-            ) from exc
-        if not isinstance(payload, dict):
-            raise BackendError(
-                f"{self.where} sent a malformed stream: an event is not a JSON object: {data[:200]!r}",
-                cause="malformed_stream",
-            )
-        if "error" in payload or event == "error":
-            raise self._inband_error(payload, data)
-        remote = payload.pop("route", None)
-        try:
-            chunk = ChatCompletionChunk.model_validate(_normalise(payload))
-        except ValidationError as exc:
-            raise BackendError(
-                f"{self.where} sent a malformed stream: an event is not a chat.completion.chunk "
-                f"({exc.errors()[0]['msg']} at {exc.errors()[0]['loc']}): {data[:200]!r}",
-                cause="malformed_stream",
-            ) from exc
-        return self._accept(chunk, remote)
-
-    def _inband_error(self, payload: dict[str, Any], data: str) -> EdgeCloudError:
-        message, param, code, kind = _error_fields(payload, data)
-        status = code if isinstance(code, int) else _STATUS_OF_TYPE.get(str(kind), 500)
-        said = f"{self.where} reported an error after {self.delivered} chunks: {message}"
-        return _translate(status, message, param, code, said, None)
-
-    def _accept(self, chunk: ChatCompletionChunk, remote: Any) -> list[ChatCompletionChunk]:
-        if self._last is None and isinstance(remote, dict) and remote.get("backend"):
-            there = f"{remote.get('backend')} on {remote.get('target', '?')}"
-            self.route = self.route.model_copy(update={"reason": f"{self.route.reason}; served there by {there}"})
-        self._last = chunk
-        self._usage = chunk.usage or self._usage
-        if not chunk.choices:  # the usage chunk, or an empty keepalive chunk
-            return []
-        out = [] if self._held is None else [self._held]
-        self._held = None
-        chunk = chunk.model_copy(update={"usage": None, "route": self.route if self.delivered == 0 else None})
-        if any(choice.finish_reason is not None for choice in chunk.choices):
-            self._held = chunk
-        else:
-            out.append(chunk)
-        self.delivered += len(out)
-        return out
-
-    def _final(self) -> list[ChatCompletionChunk]:
-        if self._held is not None:
-            final = self._held.model_copy(update={"usage": self._usage, "route": self.route})
-        else:
-            last = self._last
-            final = ChatCompletionChunk(
-                id=last.id if last else new_completion_id(),
-                created=last.created if last else now(),
-                model=last.model if last else self.model,
-                usage=self._usage,
-                route=self.route,
-            )
-        self._held = None
-        self.delivered += 1
-        return [final]
 
 
 class CloudBackend(Backend):
@@ -518,12 +274,12 @@ class CloudBackend(Backend):
             self.capabilities.refuse(name, str(exc))
         return _unsupported(names[0], str(exc))
 
-    def _reader(self) -> _EventReader:
+    def _reader(self) -> EventReader:
         if self._closed:
             raise BackendUnavailableError(
                 f"this {self.name} backend ({self.base_url}) is closed; create a new one", cause="closed"
             )
-        return _EventReader(self._chat_url, self._route, self.model)
+        return EventReader(self._chat_url, self._route, self.model)
 
     def _build(self, client: httpx.Client | httpx.AsyncClient, body: dict[str, Any], url: str | None = None) -> httpx.Request:
         headers = {**self._headers, **_STREAM_HEADERS} if url is None else self._headers
@@ -552,14 +308,14 @@ class CloudBackend(Backend):
             body = json.loads(text)
         except ValueError:
             body = None
-        status, retry_after = response.status_code, _retry_after(response.headers)
-        message, param, code, _ = _error_fields(body, text)
+        status, retry_after = response.status_code, wait_hint(response.headers)
+        message, param, code, _ = error_fields(body, text)
         tries = f" after {attempt + 1} attempts" if attempt else ""
         said = f"{response.request.url} answered {status}{tries}: {message}"
-        error = _translate(status, message, param, code, said, retry_after)
+        error = translate(status, message, param, code, said, retry_after)
         return _Failure(error, retryable=status in RETRYABLE_STATUS, retry_after=retry_after)
 
-    def _broken(self, exc: httpx.HTTPError, reader: _EventReader) -> BackendError:
+    def _broken(self, exc: httpx.HTTPError, reader: EventReader) -> BackendError:
         if isinstance(exc, httpx.TimeoutException):
             return BackendError(
                 f"{self._chat_url} sent nothing for {self.read_timeout:g} s (read_timeout) after "
@@ -738,7 +494,7 @@ class CloudBackend(Backend):
             top = sorted(((token_id(k), float(v)) for k, v in (raw_tops[i] or {}).items()), key=lambda kv: -kv[1])
             scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0),
                                      top=top[:max(1, top_n)]))
-        usage = _usage(answer.get("usage") or {})
+        usage = usage_counts(answer.get("usage") or {})
         return Scored(scores[:-1], scores[-1], sent=usage["prompt_tokens"], cached=usage["cached_tokens"],
                       held=int((answer.get("usage") or {}).get("context_tokens") or 0))
 
