@@ -201,12 +201,13 @@ class CollabSettings(_Section):
 
     mode: CollabMode = Field(
         "auto",
-        description="auto: verified mode for answers that start on the edge (when a cloud is configured; token mode "
-                    "where token ids cannot be shared; probe mode for a cloud that only chats); off: one side answers; checked: the edge writes while sure and "
-                    "the cloud checks the tokens it is unsure of; token: the cloud writes text spans where the edge is "
-                    "unsure; verified: the cloud checks every drafted token (its greedy text, token for token); "
-                    "cascade: the buffered middle-band check; probe: the edge's first tokens decide whether it or the cloud "
-                    "writes the whole answer.",
+        description="auto: verified mode for answers that start on the edge (when a cloud is configured; token "
+                    "mode where token ids cannot be shared or the cloud holds no sessions; lead mode for a cloud that "
+                    "only chats); off: one side answers; checked: the edge writes while sure and the cloud checks the "
+                    "tokens it is unsure of; token: the cloud writes text spans where the edge is unsure; verified: "
+                    "the cloud checks every drafted token (its greedy text, token for token); cascade: the buffered "
+                    "middle-band check; lead: the cloud opens, the edge takes over where it agrees; probe: the edge's "
+                    "first tokens decide whether it or the cloud writes the whole answer.",
     )
     gate_signal: Literal["entropy", "top1", "margin"] = Field(
         "top1", description="Token mode: what the gate reads from the edge's next-token distribution.",
