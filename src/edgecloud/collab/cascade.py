@@ -15,7 +15,7 @@ from ..answer import event
 from ..fallback import FailoverStream
 from ..router.cascade import ConfidenceCheck, signals
 from ..types import ChatCompletionChunk, ChatRequest, collect_chunks
-from .run import AnswerRun, Mode, register_mode
+from .run import AnswerRun, Mode, register_mode, strip_logprobs
 from .plain import structured
 
 __all__ = ["CascadeMode"]
@@ -54,9 +54,7 @@ def _judge(run: AnswerRun, first: FailoverStream, buffered: list[ChatCompletionC
     if p_good >= check.threshold:
         recorder.note("cascade_accepted", f"edge answer accepted (confidence {p_good:.2f})", p_good)
         if not request.logprobs:
-            for chunk in buffered:
-                for c in chunk.choices:
-                    c.logprobs = None
+            strip_logprobs(buffered)
         buffered[-1].route = recorder.snapshot()  # the final chunk carries the complete route
         return buffered
     clouds = run.clouds

@@ -24,15 +24,9 @@ from ..backend import close_stream
 from ..fallback import FailoverStream
 from ..router.probe import ProbeCheck
 from ..types import ChatCompletionChunk
-from .run import AnswerRun, Mode, register_mode
+from .run import AnswerRun, Mode, register_mode, strip_logprobs
 
 __all__ = ["ProbeMode"]
-
-
-def _strip_logprobs(chunks: list[ChatCompletionChunk]) -> None:
-    for chunk in chunks:
-        for choice in chunk.choices:
-            choice.logprobs = None
 
 
 @register_mode
@@ -78,11 +72,11 @@ class ProbeMode(Mode):
                 if finished:
                     held[-1].route = run.recorder.snapshot()  # the final chunk carries the complete route
             if not asked.logprobs:
-                _strip_logprobs(held)
+                strip_logprobs(held)
             yield from held
             for chunk in stream:
                 if not asked.logprobs:
-                    _strip_logprobs([chunk])
+                    strip_logprobs([chunk])
                 yield chunk
         finally:
             close_stream(stream)

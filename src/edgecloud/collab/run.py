@@ -47,6 +47,7 @@ from ..types import (
 
 __all__ = [
     "MODES", "AnswerRun", "Mode", "SharedAnswer", "SharedMode", "SpanDeadline", "pump", "read_chunk", "register_mode",
+    "strip_logprobs",
 ]
 
 
@@ -156,6 +157,13 @@ class SpanDeadline(BackendError):
 
 
 _END = object()
+
+
+def strip_logprobs(chunks: list[ChatCompletionChunk]) -> None:
+    """Drop the token logprobs a mode asked for itself from chunks the caller did not ask them for."""
+    for chunk in chunks:
+        for choice in chunk.choices:
+            choice.logprobs = None
 
 
 def read_chunk(chunk: ChatCompletionChunk, part: Part) -> tuple[str, list[TokenLogprob], FinishReason | None] | None:
