@@ -449,6 +449,15 @@ def _serve(model: str, port: int, threads: int, core: int | None) -> Any:
     raise RuntimeError("edgecloud serve did not become healthy")
 
 
+def _server_passes(port: int) -> float:
+    """The server's own ``edgecloud:forward_passes_total`` (read past the proxies, from its /metrics)."""
+    import httpx
+
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("edgecloud:forward_passes_total"))
+
+
 def _fresh(messages: list[dict[str, str]], tag: str) -> list[dict[str, str]]:
     """``messages`` with ``tag`` at the head of the first user message: no policy reads the KV that
     another policy's request of the same task left in a prefix cache (the server's or the edge's)."""
@@ -520,7 +529,10 @@ def live(args: argparse.Namespace) -> None:
             for i, row in enumerate(sample):
                 order = LIVE_POLICIES[i % len(LIVE_POLICIES):] + LIVE_POLICIES[:i % len(LIVE_POLICIES)]
                 for name in order:  # each policy first as often as the others
+                    before = _server_passes(port)
                     out = _answer(clients[name], row, tag=f"{i}-{name}", **pins.get(name, {}))
+                    time.sleep(0.2)  # a closed stream's last step lands on the counter
+                    out["server_passes"] = _server_passes(port) - before
                     out.update(id=row["id"], family=row["suite"])
                     if "text" in out:
                         out["pass"] = grade(tasks[row["id"]], out.pop("text"))
@@ -546,6 +558,11 @@ def live(args: argparse.Namespace) -> None:
             "seconds_p50": round(statistics.median(r["seconds"] for r in ok), 3),
             "e2e_vs_all_cloud_p50": round(statistics.median(ratio), 3) if ratio else None,
             "billed_vs_all_cloud_p50": round(statistics.median(r["billed"] or 0.0 for r in ok), 4),
+            "server_passes_vs_all_cloud_p50": round(statistics.median(
+                r["server_passes"] / c["server_passes"] for r, c in zip(rows, cloud)
+                if "raised" not in r and "raised" not in c and c["server_passes"]), 4),
+            "server_passes_vs_all_cloud_pooled": round(
+                sum(r.get("server_passes", 0) for r in ok) / max(1.0, sum(c.get("server_passes", 0) for c in cloud)), 4),
             "modes": sorted({str(r["collab"]) for r in ok}),
         }
     for name in summary:
