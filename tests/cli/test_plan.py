@@ -24,6 +24,7 @@ def test_plan_json_for_a_catalogue_model_on_a_phone() -> None:
         assert key in data
     assert data["fits"] is True and data["device"] == "phone-8gb"
     assert data["total_bytes"] <= data["budget_bytes"]
+    assert 1 <= data["cpu"]["threads"] <= data["cpu"]["allowed"] <= data["cpu"]["logical"]
 
 
 def test_plan_table_for_a_local_file(smollm2_path: Path) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 from typing import Optional
 
@@ -14,6 +15,7 @@ from ..edge.device import device_names
 from ..config import load_settings
 from ..edge.memory import KV_CACHE_TYPES, MemoryPlan, plan, plan_onnx, with_kv_tiers
 from ..errors import EdgeCloudError
+from ..runtime.hardware import cpu_budget
 
 __all__ = ["plan_command"]
 
@@ -58,8 +60,10 @@ def plan_command(
     except EdgeCloudError as exc:
         typer.echo(f"edgecloud: error: {exc}", err=True)
         raise typer.Exit(2) from None
+    cpu = cpu_budget()
     if json_output:
-        typer.echo(json.dumps({**result.to_dict(), **({"cloud": cloud} if cloud else {})}))
+        typer.echo(json.dumps({**result.to_dict(), "cpu": {**asdict(cpu), "said": cpu.describe()},
+                               **({"cloud": cloud} if cloud else {})}))
         return
     table = Table(title=f"{result.model} on {result.device}", show_header=False)
     table.add_column("item")
@@ -68,6 +72,7 @@ def plan_command(
     table.add_row("context", f"{result.n_ctx:,} tokens (max {result.max_context:,})")
     table.add_row("KV cache", f"{result.kv_cache_type}, flash attention {'on' if result.flash_attn else 'off'}")
     table.add_row("GPU layers", str(result.gpu_layers))
+    table.add_row("CPU", cpu.describe())
     table.add_row("weights", _mib(result.weights_bytes))
     table.add_row("KV cache", _mib(result.kv_bytes))
     table.add_row("compute buffers", _mib(result.compute_bytes))

@@ -26,6 +26,7 @@ from types import ModuleType
 from typing import Any
 
 from ..errors import BackendUnavailableError
+from .hardware import cpu_budget
 
 __all__ = ["GGML_LOG_LEVELS", "import_llama_cpp", "physical_cores", "token_piece"]
 
@@ -79,14 +80,9 @@ def import_llama_cpp(needed_by: str = "the llama.cpp edge backend") -> ModuleTyp
 
 
 def physical_cores() -> int:
-    """This machine's physical cores (psutil when installed, else the logical count): llama.cpp's threads."""
-    try:
-        import psutil
-
-        n = psutil.cpu_count(logical=False)
-    except ImportError:
-        n = None
-    return max(1, n or os.cpu_count() or 1)
+    """llama.cpp's compute threads: the physical cores this process may use (its CPU affinity
+    and cgroup quota count, see :func:`~edgecloud.runtime.hardware.cpu_budget`)."""
+    return cpu_budget().threads
 
 
 def token_piece(lib: Any, vocab: Any, token: int, *, special: bool = False) -> bytes:
