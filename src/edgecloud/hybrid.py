@@ -198,8 +198,10 @@ class Hybrid(Backend):
         (:func:`edgecloud.collab.auto_mode`: verified, token or lead, by what the edge runtime and
         each endpoint were seen to do) for every answer the edge can start, also those the
         router's score would send to the cloud (the score does not carry over to unseen tasks; a
-        shared mode reads the edge's own uncertainty while it writes): only ``route="cloud"``, a prompt the edge cannot hold, or an edge that is down
-        start on the cloud. A mode that needs the edge's token logprobs falls back to one side
+        shared mode reads the edge's own uncertainty while it writes). A pinned route
+        (``route="edge"`` or ``"cloud"``) is that side alone, whatever the mode: collaboration is
+        what ``route="auto"`` does. A prompt the edge cannot hold, or an edge that is down, start
+        on the cloud. A mode that needs the edge's token logprobs falls back to one side
         under ``auto`` and is a ConfigError when asked for by name; a mode that cannot redact
         PII runs token mode under ``pii="redact"``.
         """
@@ -215,7 +217,7 @@ class Hybrid(Backend):
                             [("tools_one_side", "an answer that may call tools is written by one side")])
         if not self.edge_breaker.available() or decision.kind in ("context", "unavailable", "only_side"):
             return plain
-        if decision.pinned and decision.target == "cloud":
+        if decision.pinned:  # a pinned route is that side alone (the other only as its failover)
             return plain
         edge = self.edge
         auto = asked == "auto"

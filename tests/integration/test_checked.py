@@ -107,6 +107,18 @@ def test_a_trusted_edge_writes_alone(edge: Backend, cloud: str) -> None:
     assert final.cost.cloud_input_tokens == 0 and final.cost.usd == 0.0
 
 
+def test_a_pinned_route_is_that_side_alone(edge: Backend, cloud: str, cloud_text: str) -> None:
+    with client(Doubting(edge), cloud) as c:
+        pinned_edge, on_edge = run(c, route="edge")  # collab="auto" stays the default
+        alone, _ = run(c, route="edge", collab="off")
+        named, by_name = run(c, route="edge", collab="verified")
+        pinned_cloud, on_cloud = run(c, route="cloud")
+    assert pinned_edge == alone == named and pinned_cloud == cloud_text
+    for final in (on_edge, by_name):
+        assert final.route.cloud_calls == 0 and final.route.tokens["cloud"] == 0 and final.route.collab == "off"
+    assert on_cloud.route.tokens["edge"] == 0 and on_cloud.route.collab == "off"
+
+
 def test_the_call_budget_bounds_the_round_trips(edge: Backend, cloud: str) -> None:
     with client(Doubting(edge), cloud, trust=1.0) as c:
         _, unbounded = run(c, collab="checked")
