@@ -43,6 +43,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _live import _answer, _interleave, _sample, _start_server
+
 RESULTS = Path(__file__).parent / "results"
 CORPUS = RESULTS / "corpus"
 OUTCOMES = CORPUS / "outcomes.jsonl"
@@ -428,72 +430,7 @@ def _probe_seconds(row: dict[str, Any], n: int) -> float:
 LIVE_POLICIES = ("all-cloud", "all-edge", "default", "probe")
 
 
-def _serve(model: str, port: int, threads: int, core: int | None) -> Any:
-    import subprocess
-
-    import httpx
-
-    command = [sys.executable, "-m", "edgecloud", "serve", "--model", model, "--port", str(port), "--threads",
-               str(threads), "--ctx", "2048", "--log-level", "warning", "--engine", "llamacpp"]
-    if core is not None:
-        command = ["taskset", "-c", str(core), *command]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
-                return proc
-        except httpx.HTTPError:
-            time.sleep(0.5)
-    proc.kill()
-    raise RuntimeError("edgecloud serve did not become healthy")
-
-
-def _server_passes(port: int) -> float:
-    """The server's own ``edgecloud:forward_passes_total`` (read past the proxies, from its /metrics)."""
-    import httpx
-
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("edgecloud:forward_passes_total"))
-
-
-def _fresh(messages: list[dict[str, str]], tag: str) -> list[dict[str, str]]:
-    """``messages`` with ``tag`` at the head of the first user message: no policy reads the KV that
-    another policy's request of the same task left in a prefix cache (the server's or the edge's)."""
-    out, tagged = [], False
-    for m in messages:
-        if m["role"] == "user" and not tagged:
-            m, tagged = {**m, "content": f"[{tag}] {m['content']}"}, True
-        out.append(m)
-    return out
-
-
-def _answer(client: Any, row: dict[str, Any], tag: str = "", **params: Any) -> dict[str, Any]:
-    started, first, text = time.perf_counter(), None, ""
-    messages = _fresh(row["messages"], tag) if tag else row["messages"]
-    try:
-        chunks = client.chat.completions.create(messages=messages, max_tokens=row["max_tokens"], temperature=0,
-                                                stream=True, **params)
-        final = None
-        for chunk in chunks:
-            if chunk.text and first is None:
-                first = time.perf_counter() - started
-            text += chunk.text
-            final = chunk
-    except Exception as exc:  # noqa: BLE001 - counted: the bar is that nothing raises
-        return {"raised": f"{type(exc).__name__}: {exc}"[:300]}
-    cost = final.cost if final is not None else None
-    return {"ttft": first, "seconds": time.perf_counter() - started, "text": text,
-            "collab": final.route.collab if final is not None else None,
-            "billed": cost.vs_all_cloud if cost is not None else None,
-            "cloud_out": cost.cloud_output_tokens if cost is not None else 0,
-            "notes": [n.code for n in final.route.notes] if final is not None else []}
-
-
 def live(args: argparse.Namespace) -> None:
-    import os
-
     from edgecloud import EdgeCloud
     from edgecloud.edge.llamacpp import LlamaCppBackend
     from edgecloud.router.training.corpus import load_corpus
@@ -503,15 +440,9 @@ def live(args: argparse.Namespace) -> None:
 
     tasks = {t.id: t for t in load_corpus(full=True)}
     outcomes = _rows(OUTCOMES)
-    sample = []
-    for family in sorted({r["suite"] for r in outcomes}):
-        sample += [r for r in outcomes if r["suite"] == family][: args.per_family]
+    sample = _sample(outcomes, args.per_family, 0)
     split = args.split
-    if split:
-        os.sched_setaffinity(0, {0})
-    port = 18000 + os.getpid() % 1000
-    server = _serve(str(resolve_model(CLOUD_MODEL)), port, 1 if split else 2, 1 if split else None)
-    results: dict[str, list[dict[str, Any]]] = {p: [] for p in LIVE_POLICIES}
+    server, port = _start_server(str(resolve_model(CLOUD_MODEL)), split)
     try:
         with HostedChatProxy(f"http://127.0.0.1:{port}") as hosted, \
                 LatencyProxy(("127.0.0.1", hosted.port), rtt_s=args.rtt) as net, \
@@ -526,18 +457,9 @@ def live(args: argparse.Namespace) -> None:
             warm = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
             for name in ("default", "probe"):
                 _answer(clients[name], warm)  # capabilities learned, models warm
-            for i, row in enumerate(sample):
-                order = LIVE_POLICIES[i % len(LIVE_POLICIES):] + LIVE_POLICIES[:i % len(LIVE_POLICIES)]
-                for name in order:  # each policy first as often as the others
-                    before = _server_passes(port)
-                    out = _answer(clients[name], row, tag=f"{i}-{name}", **pins.get(name, {}))
-                    time.sleep(0.2)  # a closed stream's last step lands on the counter
-                    out["server_passes"] = _server_passes(port) - before
-                    out.update(id=row["id"], family=row["suite"])
-                    if "text" in out:
-                        out["pass"] = grade(tasks[row["id"]], out.pop("text"))
-                    results[name].append(out)
-                print(f"{i + 1}/{len(sample)} {row['id']}", file=sys.stderr)
+            results = _interleave(sample, LIVE_POLICIES, port,
+                                  lambda name, row, tag: _answer(clients[name], row, tag=tag, **pins.get(name, {})),
+                                  lambda row, text: grade(tasks[row["id"]], text))
             for c in {id(c): c for c in clients.values()}.values():
                 c.close()
     finally:

@@ -252,8 +252,23 @@ class CollabSettings(_Section):
                     "over, 1: only when it agrees with every one). Chosen held out by task family "
                     "(benchmarks/chat_only.py); 0.9 buys ~2 points of quality for ~0.09x more of the bill.",
     )
+    pipeline: bool = Field(
+        True, description="Verified mode: the edge drafts on while a check is in flight and the next check goes out "
+                          "as soon as the last one lands (the same text as strict rounds, sooner); false: strict "
+                          "rounds (draft, then wait for the check).",
+    )
+    cloud_first_token: bool = Field(
+        True, description="Verified mode with pipeline: the first check carries the prompt alone and goes out at "
+                          "once, so the cloud's prefill runs while the edge drafts and the first token shown is the "
+                          "cloud's own (the answer starts no later than the cloud's alone).",
+    )
     draft_min: int = Field(1, ge=1, le=64, description="Checked and verified mode: fewest tokens one check sends.")
-    draft_max: int = Field(12, ge=1, le=64, description="Checked and verified mode: most tokens one check sends.")
+    draft_max: int = Field(
+        15, ge=1, le=64,
+        description="Checked and verified mode: most tokens one check sends. 15 (a batch of 16 with the cloud's "
+                    "last token): llama.cpp on a CPU checks 16 tokens faster than 13 (benchmarks/pipeline.py "
+                    "breakdown); on a GPU a pass costs about the same up to far larger batches.",
+    )
 
     @field_validator("draft_max")
     @classmethod

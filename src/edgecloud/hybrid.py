@@ -256,6 +256,10 @@ class Hybrid(Backend):
         options = request.collab_options
         update = {k: v for k, v in options.model_dump(exclude={"mode"}).items() if v is not None}
         settings = self.settings.collab.model_copy(update=update) if update else self.settings.collab
+        if settings.draft_max < settings.draft_min:
+            raise InvalidRequestError(f"invalid 'collab.draft_max': {settings.draft_max} is below collab.draft_min "
+                                      f"({settings.draft_min}); raise draft_max or lower draft_min",
+                                      param="collab.draft_max")
         if request.max_tokens is not None and settings.draft_min > request.max_tokens:
             raise InvalidRequestError(f"invalid 'collab.draft_min': {settings.draft_min} tokens per check is more "
                                       f"than max_tokens ({request.max_tokens}); lower collab.draft_min",

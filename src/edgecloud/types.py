@@ -319,6 +319,10 @@ class CollabOptions(_Validated):
     max_calls: int | None = Field(default=None, ge=0)
     #: Fewest tokens a check sends the cloud (a round trip must be worth it).
     draft_min: int | None = Field(default=None, ge=1, le=64)
+    #: Most tokens a check sends the cloud.
+    draft_max: int | None = Field(default=None, ge=1, le=64)
+    #: Verified mode: the edge drafts on while a check is in flight (false: strict rounds).
+    pipeline: bool | None = None
 
 
 class ChatRequest(_Validated):

@@ -16,6 +16,18 @@ verifies, and its two modes:
   where the edge hesitates, and each call keeps the cloud's choice exactly there. A call budget
   (``max_calls``) bounds the round trips of one answer: once spent, the edge writes alone.
 
+**Pipelined rounds** (``collab.pipeline``, on by default in verified mode): while a check is in
+flight the edge keeps drafting past the block as if it were accepted (its greedy line). When the
+answer lands, what is consistent with it (the block kept and the cloud's next token equal to the
+edge's next draft) stays drafted and the next check goes out at once; otherwise the edge drafts
+again from the cloud's token. The first check carries the prompt alone and goes out before the
+edge has read it (``collab.cloud_first_token``): the cloud's prefill runs while the edge prefills
+and drafts, and the first token shown is the cloud's own greedy first token, so the answer
+starts no later than the cloud's alone. The text is the same as with strict rounds (draft, then
+wait for the check): only when each check is sent changes, never what is kept. A check that
+fails while the edge is ahead leaves the edge to finish (``route.fallbacks``); a check whose
+answer is no longer wanted (the caller stopped reading, the edge failed) is dropped.
+
 Each answer is a token session on the cloud (:class:`~edgecloud.remote.session.TokenSession`):
 the first round sends the prompt, later rounds only the tokens the cloud has not seen (what the
 edge wrote since, and the new block), so the cloud is paid for each token once; a server that
@@ -38,6 +50,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..answer import Part
@@ -45,8 +59,8 @@ from ..backend import Backend, Drafter, Verifier, close_stream
 from ..errors import ConfigError, ExtensionUnsupportedError, VocabularyMismatchError
 from ..fallback import Attempt
 from ..observability.cost import forward_passes
-from ..runtime.scoring import TokenSession
-from ..runtime.speculative import Acceptance, accept_prefix, best_k
+from ..runtime.scoring import Scored, TokenSession
+from ..runtime.speculative import Acceptance, accept_prefix, best_k, expected_tokens
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
 from .auto import may
@@ -58,11 +72,18 @@ T = TypeVar("T")
 
 #: Acceptance assumed before the first round (a same-family draft agrees most of the time).
 PRIOR_ACCEPTANCE = 0.7
+#: Pipelined rounds: tokens the edge drafts from the cloud's token after a rejection before the
+#: next check goes (the edge drafts on while it is out). One token checks at once but costs a
+#: check (a pass, an output token billed) for ~2 tokens; 4 was faster, cheaper and used fewer
+#: passes (benchmarks/pipeline.py, one core each, RTT 50 ms).
+RESTART_BLOCK = 4
 #: Text whose tokens the edge and the cloud must name alike before drafts are verified
 #: (letters, digits, punctuation, spaces, a newline, a non-ASCII word).
 VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京"
 #: (edge, cloud URL, cloud model) pairs whose vocabularies were found to agree.
 _SAME_VOCAB: set[tuple[int, str, str]] = set()
+#: Checks in flight while the edge drafts on (HTTP requests: threads that mostly wait).
+_CHECKS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edgecloud-check")
 
 
 def can_score(backend: Backend) -> bool:
@@ -107,6 +128,108 @@ def _edge_stream(tokens: Iterator[tuple[int, float]]) -> Iterator[tuple[int, flo
         raise _EdgeFailed(exc) from exc
 
 
+class _VocabRefused(Exception):
+    """The vocabulary comparison before the first check refused the cloud (``error``)."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+@dataclass
+class _Flight:
+    """One check sent: ``block`` drafted after the context it was sent with, its answer to come."""
+
+    attempt: Attempt
+    block: list[int]
+    future: Future[Scored]
+    started: float
+
+    def drop(self) -> None:
+        """Nobody will read this check's answer (it is dropped when it lands): its breaker trial is given back."""
+        self.future.cancel()
+        self.attempt.breaker.release()
+
+
+class _RoundCost:
+    """What one check costs on the user's clock as the line ``fixed + per_token * tokens``, fitted
+    by decayed least squares over the checks of this answer (prior: ``fixed`` 0.1 s, 10 ms a token).
+    A server computes a batch of drafted tokens at a cost that grows with the batch (on a CPU,
+    almost as fast as decoding them one by one), so the block a check carries is chosen by it."""
+
+    def __init__(self, decay: float = 0.85) -> None:
+        self.decay = decay
+        self._n, self._x, self._y, self._xx, self._xy = 2.0, 2.0 * 4, 2.0 * 0.14, 2.0 * (4 * 4 + 4), 2.0 * (4 * 0.14 + 0.02)
+
+    def observe(self, tokens: int, seconds: float) -> None:
+        d = self.decay
+        self._n, self._x, self._y = d * self._n + 1, d * self._x + tokens, d * self._y + seconds
+        self._xx, self._xy = d * self._xx + tokens * tokens, d * self._xy + tokens * seconds
+
+    def line(self) -> tuple[float, float]:
+        """``(fixed, per_token)`` seconds, neither below zero."""
+        mean_x, mean_y = self._x / self._n, self._y / self._n
+        var = self._xx / self._n - mean_x * mean_x
+        slope = (self._xy / self._n - mean_x * mean_y) / var if var > 1e-9 else 0.0
+        slope = max(0.0, slope)
+        return max(0.0, mean_y - slope * mean_x), slope
+
+    def block(self, alpha: float, k_min: int, k_max: int) -> int:
+        """The block size with the most tokens per second of checks; of those within 5 % of the
+        best, the longest (fewer checks, fewer passes, at no cost to the user's clock)."""
+        fixed, per_token = self.line()
+        rates = {k: expected_tokens(alpha, k) / max(1e-6, fixed + (k + 1) * per_token) for k in range(k_min, k_max + 1)}
+        best = max(rates.values())
+        return max(k for k, rate in rates.items() if rate >= 0.95 * best)
+
+
+class _Line:
+    """The edge's greedy line after the written answer (``context``): ``tokens`` drafted ahead,
+    one open greedy stream on the edge while the line goes on unbroken."""
+
+    def __init__(self, edge: Drafter, context: list[int]) -> None:
+        self.edge, self.context = edge, list(context)
+        self.tokens: list[int] = []
+        self.ended = False  # the line reached an end-of-answer token
+        self.seconds = 0.0
+        self._stream: Iterator[tuple[int, float]] | None = None
+
+    def extend(self, limit: int, stop: Callable[[], bool] = lambda: False) -> None:
+        """Draft on until the line holds ``limit`` tokens, ends, or ``stop()`` says so."""
+        started = time.perf_counter()
+        while len(self.tokens) < limit and not self.ended and not stop():
+            if self._stream is None:
+                room = (self.edge.n_ctx or 0) - len(self.context) - len(self.tokens) - 1
+                if room < 1:
+                    self.ended = True
+                    break
+                self._stream = _edge_stream(self.edge.greedy(self.context + self.tokens, room))
+            token = next(self._stream, None)
+            if token is None:  # the stream reached the context's end
+                self._stream = None
+                self.ended = True
+                break
+            self.tokens.append(token[0])
+            self.ended = self.edge.is_end(token[0])
+        self.seconds += time.perf_counter() - started
+
+    def advance(self, written: list[int]) -> bool:
+        """``written`` joined the answer: the line goes on where it already holds them, else it is
+        drafted again from the new context. Whether it went on."""
+        self.context += written
+        if self.tokens[:len(written)] == written:
+            del self.tokens[:len(written)]
+            return True
+        self.close()
+        self.tokens, self.ended = [], False
+        return False
+
+    def close(self) -> None:
+        if self._stream is not None:
+            close_stream(self._stream)
+            self._stream = None
+
+
 class DraftAndCheck(SharedAnswer):
     """One answer the edge drafts and the cloud checks (see the module docstring); ``trust`` None:
     every token is checked (verified mode)."""
@@ -134,25 +257,29 @@ class DraftAndCheck(SharedAnswer):
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         if self.request.continue_final_message:
             raise ConfigError(f"collab={self.mode!r} starts answers; to continue a partial answer use collab='token'")
+        answer = self._pipelined if self.trust is None and self.settings.pipeline else self._answer
         try:
-            yield from self._answer()
+            yield from answer()
         except _EdgeFailed as failed:  # the cloud writes the rest, through the one failover
             yield from self.cloud_finishes(failed.error)
         except _StepDown as down:  # nothing shown yet: the next mode writes the whole answer
             yield from self.run.step_down(down.refused, down.by)
 
-    def _answer(self) -> Iterator[ChatCompletionChunk]:
-        edge = self.drafter
-        prompt = _on_edge(edge.tokenize_chat, self.request.message_dicts())
+    def _start(self) -> tuple[list[int], int, Part, Part]:
+        """The prompt's token ids, the answer's token budget, and the edge's and the cloud's parts."""
+        prompt = _on_edge(self.drafter.tokenize_chat, self.request.message_dicts())
         self.recorder.prompt_tokens = len(prompt)
         room = (self.edge.n_ctx or 0) - len(prompt) - 1
         budget = min(self.request.max_tokens or room, room)
+        return prompt, budget, self.recorder.part("edge", self.edge.name), self.recorder.part("cloud", "cloud")
+
+    def _answer(self) -> Iterator[ChatCompletionChunk]:
+        edge = self.drafter
+        prompt, budget, edge_part, cloud_part = self._start()
         ids: list[int] = []
         acceptance = Acceptance(PRIOR_ACCEPTANCE)
         draft_s, round_s = 0.02, 0.1  # replaced by measurements after the first round
         k = max(self.draft_min, min(self.settings.draft_max, 4))
-        edge_part = self.recorder.part("edge", self.edge.name)
-        cloud_part = self.recorder.part("cloud", "cloud")
         while len(ids) < budget and self.finish is None:
             started = time.perf_counter()
             block: list[int] = []
@@ -168,8 +295,7 @@ class DraftAndCheck(SharedAnswer):
             attempt = self.cloud_attempt() if self._calls_left() else None
             kept, extra = block, None  # no cloud to check with: the edge writes alone
             if attempt is not None:
-                cloud_part.backend = attempt.backend.name
-                checked = self._checked(edge, attempt, prompt + ids, block, cloud_part)
+                checked = self._settle(self._send(attempt, prompt + ids, block, cloud_part, wait=True), cloud_part)
                 self._holds_sessions(attempt)
                 if checked is not None:
                     kept, extra = checked
@@ -188,25 +314,82 @@ class DraftAndCheck(SharedAnswer):
         self.recorder.note("verified_rounds", f"checked by the cloud in {calls} rounds", calls)
         yield from self.final(self.finish or "length")
 
-    def _checked(self, edge: Drafter, attempt: Attempt, tokens: list[int], block: list[int], part: Part
-                 ) -> tuple[list[int], int] | None:
-        """:meth:`_check`, after the vocabulary check. Under ``collab="auto"`` an endpoint that refuses
-        to score (or names other token ids) moves the answer to the next mode ``auto`` ranks when
-        nothing was shown yet (the endpoint's capabilities remember it for later answers), else
-        this answer goes on on the edge; asked for by name, the refusal is raised."""
+    def _pipelined(self) -> Iterator[ChatCompletionChunk]:
+        """Verified mode with the edge drafting while each check is in flight (see the module
+        docstring): one check out at a time, the next sent as soon as the last one lands."""
+        prompt, budget, edge_part, cloud_part = self._start()
+        ids: list[int] = []
+        acceptance, cost = Acceptance(PRIOR_ACCEPTANCE), _RoundCost()
+        k_max = self.settings.draft_max
+        line = _Line(self.drafter, prompt)
+        flight: _Flight | None = None
+        first = self.settings.cloud_first_token and budget > 0
         try:
-            self._same_vocabulary(edge, attempt)
-            return self._check(attempt, tokens, block, part)
-        except ExtensionUnsupportedError as refused:
-            attempt.breaker.release()
-            if not self.run.auto:
-                raise
-            if not self._opened:
-                raise _StepDown(refused, attempt) from refused
-            self.clouds = [a for a in self.clouds if a is not attempt]
-            self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} refused "
-                                              f"{refused.extension!r}: the edge writes on alone")
-            return None
+            while len(ids) < budget and self.finish is None:
+                if flight is None:
+                    left = budget - len(ids)
+                    # what the edge drafted while the last check was out goes at once (up to the
+                    # block size the measured costs favour); after a rejection, the first
+                    # RESTART_BLOCK tokens go and the edge drafts on while they are checked
+                    line.extend(0 if first else min(left, max(self.draft_min, RESTART_BLOCK)))
+                    block = line.tokens[:min(left, cost.block(acceptance.rate, self.draft_min, k_max))]
+                    attempt = self.cloud_attempt() if self._calls_left() else None
+                    if attempt is None:  # no cloud to check with: the edge writes its block alone
+                        if not block:
+                            line.extend(1)
+                            block = line.tokens[:1]
+                        for token in block:
+                            yield from self._write("edge", token, ids, edge_part, budget)
+                            if self.finish is not None or len(ids) >= budget:
+                                break
+                        line.advance(block)
+                        first = False
+                        continue
+                    flight = self._send(attempt, prompt + ids, block, cloud_part)
+                    first = False
+                # a check is in flight: draft past its block until it lands
+                line.extend(min(budget - len(ids), len(flight.block) + 1 + k_max), flight.future.done)
+                outcome = self._settle(flight, cloud_part)
+                landed, flight = flight, None
+                self._holds_sessions(landed.attempt)
+                if outcome is None:  # failed or refused: the edge's block stands
+                    kept, extra = landed.block, None
+                else:
+                    kept, extra = outcome
+                    if landed.block:  # (the prompt's check costs its prefill: not a round's cost)
+                        acceptance.observe(len(landed.block), len(kept))
+                        cost.observe(len(landed.block) + 1, time.perf_counter() - landed.started)
+                    self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
+                written = [*kept, *([extra] if extra is not None else [])]
+                for i, token in enumerate(written):
+                    side = "cloud" if extra is not None and i == len(kept) else "edge"
+                    yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)
+                    if self.finish is not None or len(ids) >= budget:
+                        break
+                line.advance(written)
+        finally:
+            line.close()
+            if flight is not None:
+                flight.drop()
+            edge_part.seconds += line.seconds
+        yield from self.emit("edge", self._stream.flush())
+        calls = self.recorder.cloud_calls
+        self.recorder.note("verified_rounds", f"checked by the cloud in {calls} pipelined rounds", calls)
+        yield from self.final(self.finish or "length")
+
+    def _refused(self, attempt: Attempt, refused: ExtensionUnsupportedError) -> None:
+        """The endpoint refused to check (it cannot score, or names other token ids). Under
+        ``collab="auto"`` the answer moves to the next mode ``auto`` ranks when nothing was shown
+        yet (the endpoint's capabilities remember it for later answers), else this answer goes
+        on on the edge; asked for by name, the refusal is raised."""
+        attempt.breaker.release()
+        if not self.run.auto:
+            raise refused
+        if not self._opened:
+            raise _StepDown(refused, attempt) from refused
+        self.clouds = [a for a in self.clouds if a is not attempt]
+        self.recorder.note("collab_mode", f"{attempt.label or attempt.backend.name} refused "
+                                          f"{refused.extension!r}: the edge writes on alone")
 
     def _holds_sessions(self, attempt: Attempt) -> None:
         """Under ``collab="auto"``, before anything was shown: a cloud that answered the first check
@@ -254,60 +437,105 @@ class DraftAndCheck(SharedAnswer):
         if self._stream.stopped:
             self.finish = "stop"
 
-    def _same_vocabulary(self, edge: Drafter, attempt: Attempt) -> None:
-        """Refuse a cloud whose tokenizer names the probe's tokens differently (checked once per pair)."""
-        backend = attempt.backend
+    def _vocabulary_check(self, attempt: Attempt) -> Callable[[], None] | None:
+        """What compares the edge's and the cloud's names for the probe's tokens before the first
+        check to this cloud (None: known alike, or not a verifier); it raises
+        :class:`~edgecloud.errors.VocabularyMismatchError` when they differ (checked once per pair)."""
+        edge, backend = self.drafter, attempt.backend
         key = (id(edge), str(backend.base_url), backend.model_name)
         if key in _SAME_VOCAB or not isinstance(backend, Verifier):
-            return
+            return None
         tokens = edge.tokenize_text(VOCAB_PROBE)
         if not tokens:
-            return
-        try:
-            theirs = backend.token_texts(tokens)
-        except ConfigError:
-            attempt.breaker.release()
-            raise
-        except Exception:  # noqa: BLE001 - an outage, not a mismatch: the first verification reports it
-            return
+            return None
         mine = [edge.token_bytes(t).decode("utf-8", errors="replace") for t in tokens]
-        # ASCII pieces read the same through any server's detokenizer (vLLM names partial
-        # UTF-8 pieces its own way): those are compared
-        if len(theirs) != len(mine) or any(a != b for a, b in zip(mine, theirs) if a.isascii()):
-            attempt.breaker.release()
-            said = (f"collab={self.mode!r} needs edge and cloud models with one tokenizer; {edge.model_name} and "
-                    f"{backend.model_name} split text differently ({mine[:4]} vs {theirs[:4]}): use collab='token'")
-            if backend.capabilities is not None:
-                backend.capabilities.refuse("token_ids", said)
-            raise VocabularyMismatchError(said)
-        _SAME_VOCAB.add(key)
 
-    def _check(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Part) -> tuple[list[int], int] | None:
-        """The kept draft prefix and the cloud's next token, or None when the cloud failed (recorded)."""
-        self.recorder.cloud_call()
-        part.calls += 1
-        started = time.perf_counter()
+        def compare() -> None:
+            try:
+                theirs = backend.token_texts(tokens)
+            except ConfigError:
+                raise
+            except Exception:  # noqa: BLE001 - an outage, not a mismatch: the check itself reports it
+                return
+            # ASCII pieces read the same through any server's detokenizer (vLLM names partial
+            # UTF-8 pieces its own way): those are compared
+            if len(theirs) != len(mine) or any(a != b for a, b in zip(mine, theirs) if a.isascii()):
+                said = (f"collab={self.mode!r} needs edge and cloud models with one tokenizer; {edge.model_name} and "
+                        f"{backend.model_name} split text differently ({mine[:4]} vs {theirs[:4]}): use collab='token'")
+                if backend.capabilities is not None:
+                    backend.capabilities.refuse("token_ids", said)
+                raise VocabularyMismatchError(said)
+            _SAME_VOCAB.add(key)
+
+        return compare
+
+    def _send(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Part, *, wait: bool = False) -> _Flight:
+        """Send the check of ``draft`` after ``tokens`` to ``attempt``'s cloud (in the session: only
+        what it does not hold); ``wait``: answered before this returns, else it lands while the
+        edge drafts on."""
+        part.backend = attempt.backend.name
         verifier = attempt.backend
         assert isinstance(verifier, Verifier)  # checked when the answer started
+        compare = self._vocabulary_check(attempt)
+        context = tokens + draft
+
+        def check() -> Scored:
+            if compare is not None:
+                try:
+                    compare()
+                except Exception as exc:  # noqa: BLE001 - told apart from the check's own failure
+                    raise _VocabRefused(exc) from exc
+            return verifier.score_in(self.session, context, start=len(tokens), top_n=1)
+
+        started = time.perf_counter()
+        if wait:
+            future: Future[Scored] = Future()
+            try:
+                future.set_result(check())
+            except Exception as exc:  # noqa: BLE001 - read back by _settle
+                future.set_exception(exc)
+        else:
+            future = _CHECKS.submit(check)
+        return _Flight(attempt, list(draft), future, started)
+
+    def _settle(self, flight: _Flight, part: Part) -> tuple[list[int], int] | None:
+        """The kept draft prefix and the cloud's next token, once the check has landed; None when
+        the cloud failed (recorded: the edge writes on alone) or refused (see :meth:`_refused`)."""
+        attempt = flight.attempt
         try:
-            scored = verifier.score_in(self.session, tokens + draft, start=len(tokens), top_n=1)
-            scores, nxt = scored.scores, scored.next
-        except ExtensionUnsupportedError:
-            raise  # not a failed check: the endpoint cannot check (see _checked)
-        except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
-            self.cloud_failed(attempt, exc, "verification")
-            self.span_done("failed", 0, time.perf_counter() - started)
+            scored = flight.future.result()
+        except _VocabRefused as refused:
+            attempt.breaker.release()
+            if isinstance(refused.error, ExtensionUnsupportedError):
+                self._refused(attempt, refused.error)
+                return None
+            raise refused.error from None
+        except ExtensionUnsupportedError as refused:  # not a failed check: the endpoint cannot check
+            self._counted(part)
+            self._refused(attempt, refused)
             return None
+        except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
+            self._counted(part)
+            self.cloud_failed(attempt, exc, "verification")
+            self.span_done("failed", 0, time.perf_counter() - flight.started)
+            self.clouds = [a for a in self.clouds if a is not attempt]  # the edge (or the next URL) finishes
+            return None
+        self._counted(part)
         attempt.breaker.success()
         part.prompt_tokens += scored.sent
         part.cached_tokens += scored.cached
         part.completion_tokens += 1  # the round's greedy next token, generated and billed
         part.passes += forward_passes(scored.sent - scored.cached, 1)
-        part.seconds += time.perf_counter() - started
+        part.seconds += time.perf_counter() - flight.started
+        scores, nxt, draft = scored.scores, scored.next, flight.block
         kept = accept_prefix(draft, [s.argmax for s in scores])
         extra = scores[kept].argmax if kept < len(draft) else nxt.token
-        self.span_done("verified", 1, time.perf_counter() - started)
+        self.span_done("verified", 1, time.perf_counter() - flight.started)
         return draft[:kept], extra
+
+    def _counted(self, part: Part) -> None:
+        self.recorder.cloud_call()
+        part.calls += 1
 
 
 class CheckedAnswer(DraftAndCheck):

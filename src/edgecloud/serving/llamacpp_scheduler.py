@@ -169,14 +169,12 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
     def _score(self, slot: _Slot, tokens: list[int], start: int, top_n: int) -> tuple[list[TokenScore], TokenScore]:
         ctx = self.context
         reuse = self._reuse(slot, tokens[:start])
-        # the context up to ``start`` as a prompt (its last row predicts tokens[start]), then the
-        # scored positions in batches, as the edge runtime splits them (the same batch shapes
-        # give the same rounding)
-        def chunks(begin: int, end: int) -> list[tuple[int, int]]:
-            return [(p, min(end, p + ctx.n_batch)) for p in range(begin, end, ctx.n_batch)]
-
+        # what the slot lacks of the context and the scored block in one batch (one forward pass
+        # per check; a batch of n_batch tokens at most): logits from the row that predicts
+        # tokens[start] on
         rows: list[Any] = []
-        for first, last in [*chunks(reuse, start), *chunks(start, len(tokens))]:
+        for first in range(reuse, len(tokens), ctx.n_batch):
+            last = min(len(tokens), first + ctx.n_batch)
             ctx.clear()
             for p in range(first, last):
                 ctx.add(tokens[p], p, slot.index, p == start - 1 or p >= start)

@@ -1,0 +1,255 @@
+"""Verified mode on the user's clock: strict rounds, pipelined rounds, all-cloud and all-edge.
+
+Phases:
+
+    python benchmarks/pipeline.py breakdown                  # where a check's time goes
+    python benchmarks/pipeline.py live --split --rtt 0.05    # one core each, as on two machines
+    python benchmarks/pipeline.py live --rtt 0.05            # the shared 2-core box
+    python benchmarks/pipeline.py report                     # the runs so far -> table + PNG
+
+``breakdown`` times the parts of one verification round on this machine: the server's forward
+pass for a check of ``k`` drafted tokens (the engine alone, 1 and 2 threads), the same check
+through HTTP on loopback (request build, session resolution, scheduler hand-off, logprob
+extraction, response: the difference), the edge's drafting per token and the cost of drafting
+again from the cloud's token after a rejection (the edge's roll-back).
+
+``live`` starts ``edgecloud serve`` (1.5B, llama.cpp) behind :class:`~edgecloud.testing.LatencyProxy`
+and answers a sample of the development corpus (``--per-family`` tasks of each of its families)
+through the public client, four ways per task in a rotating order: all-cloud, all-edge (0.5B),
+verified with strict rounds and verified pipelined (the default). With ``--split`` this process and
+its edge run on core 0 and the server with one thread on core 1 (``taskset``). Every request's
+user message carries its own tag, so no answer reuses another's prompt KV. Reported: TTFT p50/p90,
+end to end p50 and its ratio to all-cloud and to the slower side alone, tokens/s, checks per
+answer, the server's own forward passes (its /metrics counter, read past the proxy) against
+all-cloud's, the client's pass count, billed cost, and quality (graded as the corpus is). Verified
+mode fits nothing on the corpus, so its in-suite and held-out figures are the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+from _live import _answer, _interleave, _sample, _serve, _start_server
+from chat_only import CLOUD_MODEL, EDGE_MODEL, OUTCOMES, RESULTS, _rows
+
+POLICIES = ("all-cloud", "all-edge", "strict", "pipelined")
+PINS: dict[str, dict[str, Any]] = {
+    "all-cloud": {"route": "cloud", "collab": "off"},
+    "all-edge": {"route": "edge", "collab": "off"},
+    "strict": {"collab": {"mode": "verified", "pipeline": False}},
+    "pipelined": {},  # the defaults: collab=auto runs verified mode, pipelined
+}
+
+
+def _median_ms(seconds: list[float]) -> float:
+    return round(1000 * statistics.median(seconds), 1)
+
+
+def breakdown(args: argparse.Namespace) -> None:
+    import httpx
+
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+    from edgecloud.remote.client import CloudBackend
+    from edgecloud.runtime.scoring import TokenSession
+    from edgecloud.serving.llamacpp_engine import LlamaCppEngineBackend
+    from edgecloud.store import resolve_model
+
+    out: dict[str, Any] = {"cloud": CLOUD_MODEL, "edge": EDGE_MODEL}
+    context = list(range(1000, 1300))  # a 300-token context the slot holds
+    passes: dict[str, dict[str, float]] = {}
+    for threads in (1, 2):
+        engine = LlamaCppEngineBackend(str(resolve_model(CLOUD_MODEL)), n_ctx=2048, max_batch=2, threads=threads)
+        engine.load()
+        try:
+            engine.score(context, start=len(context) - 1)
+            row = {}
+            for k in (0, 1, 3, 7, 11, 15):
+                times = []
+                for rep in range(args.reps):
+                    tokens = context + [2000 + 20 * rep + j for j in range(k + 1)]  # last round's extra token + k drafts
+                    started = time.perf_counter()
+                    engine.score(tokens, start=len(context) + 1)
+                    times.append(time.perf_counter() - started)
+                    engine.score(context, start=len(context) - 1)  # back to the held context
+                row[str(k)] = _median_ms(times)
+            passes[f"{threads}_threads"] = row
+            print(f"pass ms by drafted tokens, {threads} thread(s): {row}", file=sys.stderr)
+        finally:
+            engine.close()
+    out["server_pass_ms_by_k"] = passes
+
+    port = 18000 + os.getpid() % 1000
+    server = _serve(str(resolve_model(CLOUD_MODEL)), port, 1, 1)
+    try:
+        cloud = CloudBackend(f"http://127.0.0.1:{port}/v1", model=CLOUD_MODEL)
+        session = TokenSession()
+        cloud.score_in(session, context, start=len(context) - 1)
+        http: dict[str, float] = {}
+        for k in (0, 3, 7, 11):
+            times = []
+            for rep in range(args.reps):
+                tokens = context + [2000 + 20 * rep + j for j in range(k + 1)]
+                session.keep(len(context))
+                started = time.perf_counter()
+                cloud.score_in(session, tokens, start=len(context) + 1)
+                times.append(time.perf_counter() - started)
+            http[str(k)] = _median_ms(times)
+        cloud.close()
+        out["http_check_ms_by_k_1_thread"] = http
+        out["outside_the_pass_ms_by_k"] = {k: round(http[k] - passes["1_threads"][k], 1) for k in http}
+        print(f"the same check through HTTP on loopback: {http}", file=sys.stderr)
+        httpx.get(f"http://127.0.0.1:{port}/health", timeout=5)
+    finally:
+        server.terminate()
+        server.wait(30)
+
+    edge = LlamaCppBackend(str(resolve_model(EDGE_MODEL)), n_threads=1, n_ctx=2048)
+    try:
+        prompt = edge.tokenize_chat([{"role": "user", "content": "Write a Python function that sorts a list."}])
+        edge.draft(prompt, 1)
+        started = time.perf_counter()
+        line = edge.draft(prompt, 32)
+        per_token = (time.perf_counter() - started) / len(line)
+        rollbacks = []
+        for cut in (4, 12, 20):
+            edge.draft(prompt + line, 1)
+            started = time.perf_counter()
+            edge.draft(prompt + line[:cut] + [line[cut] + 1], 1)  # the cloud's other token at ``cut``
+            rollbacks.append(time.perf_counter() - started)
+        out["edge_draft_ms_per_token_1_thread"] = round(1000 * per_token, 1)
+        out["edge_rollback_and_first_draft_ms"] = _median_ms(rollbacks)
+    finally:
+        edge.close()
+    path = RESULTS / "pipeline_breakdown.json"
+    path.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(out, indent=1))
+
+
+def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
+    cloud, edge = results["all-cloud"], results["all-edge"]
+    summary: dict[str, Any] = {}
+    for name, rows in results.items():
+        ok = [r for r in rows if "raised" not in r]
+        pairs = [(r, c, e) for r, c, e in zip(rows, cloud, edge) if all("raised" not in x for x in (r, c, e))]
+        ttfts = sorted(r["ttft"] for r in ok if r["ttft"] is not None)
+        summary[name] = {
+            "answers": len(rows), "raised": len(rows) - len(ok),
+            "quality": round(sum(r["pass"] for r in ok) / max(1, len(ok)), 4),
+            "ttft_p50": round(statistics.median(ttfts), 3),
+            "ttft_p90": round(ttfts[int(0.9 * (len(ttfts) - 1))], 3),
+            "seconds_p50": round(statistics.median(r["seconds"] for r in ok), 3),
+            "tokens_per_s_p50": round(statistics.median(r["tokens"] / r["seconds"] for r in ok if r["seconds"]), 2),
+            "ttft_vs_all_cloud_p50": round(statistics.median(
+                r["ttft"] / c["ttft"] for r, c, _ in pairs if r["ttft"] and c["ttft"]), 3),
+            "e2e_vs_all_cloud_p50": round(statistics.median(r["seconds"] / c["seconds"] for r, c, _ in pairs), 3),
+            "e2e_vs_slower_side_p50": round(statistics.median(
+                r["seconds"] / max(c["seconds"], e["seconds"]) for r, c, e in pairs), 3),
+            "checks_per_answer_p50": statistics.median(r["cloud_calls"] for r in ok),
+            "server_passes_vs_all_cloud_p50": round(statistics.median(
+                r["server_passes"] / c["server_passes"] for r, c, _ in pairs if c["server_passes"]), 4),
+            "server_passes_vs_all_cloud_pooled": round(
+                sum(r["server_passes"] for r in ok) / max(1.0, sum(c["server_passes"] for c in cloud)), 4),
+            "client_passes_vs_server_pooled": round(
+                sum(r["client_passes"] for r in ok) / max(1.0, sum(r["server_passes"] for r in ok)), 4),
+            "billed_vs_all_cloud_p50": round(statistics.median(r["billed"] or 0.0 for r in ok), 4),
+            "fallbacks": sum(r["fallbacks"] for r in ok),
+            "modes": sorted({str(r["collab"]) for r in ok}),
+        }
+    for name in summary:
+        summary[name]["quality_vs_all_cloud"] = round(
+            summary[name]["quality"] / max(1e-9, summary["all-cloud"]["quality"]), 3)
+        summary[name]["quality_by_family"] = {
+            fam: round(statistics.mean(r["pass"] for r in results[name] if r.get("family") == fam and "raised" not in r), 3)
+            for fam in sorted({r["family"] for r in results[name]})}
+    return summary
+
+
+def live(args: argparse.Namespace) -> None:
+    from edgecloud import EdgeCloud
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+    from edgecloud.router.training.corpus import load_corpus
+    from edgecloud.router.training.tasks import grade
+    from edgecloud.store import resolve_model
+    from edgecloud.testing import LatencyProxy
+
+    tasks = {t.id: t for t in load_corpus(full=True)}
+    outcomes = _rows(OUTCOMES)
+    sample = _sample(outcomes, args.per_family, args.skip)
+    split = args.split
+    server, port = _start_server(str(resolve_model(CLOUD_MODEL)), split)
+    try:
+        with LatencyProxy(("127.0.0.1", port), rtt_s=args.rtt) as net, \
+                LlamaCppBackend(str(resolve_model(EDGE_MODEL)), n_threads=1 if split else None) as edge, \
+                EdgeCloud(edge_backend=edge, cloud_base_url=f"{net.url}/v1", cloud_model=CLOUD_MODEL,
+                          config={"fallback": {"timeout_s": 300}}) as client:
+            _answer(client, {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm
+            results = _interleave(sample, POLICIES, port,
+                                  lambda name, row, tag: _answer(client, row, tag=tag, **PINS[name]),
+                                  lambda row, text: grade(tasks[row["id"]], text))
+    finally:
+        server.terminate()
+        server.wait(30)
+    summary = _summary(results)
+    out = {"rtt_s": args.rtt, "split_cores": split, "tasks": len(sample), "per_family": args.per_family,
+           "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary, "answers": results}
+    name = f"pipeline_live_{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=1))
+
+
+def report(args: argparse.Namespace) -> None:
+    runs = sorted(RESULTS.glob("pipeline_live_*.json"))
+    table = []
+    for path in runs:
+        run = json.loads(path.read_text(encoding="utf-8"))
+        for name, s in run["summary"].items():
+            table.append({"run": path.stem.removeprefix("pipeline_live_"), "policy": name, **{
+                k: s[k] for k in ("ttft_p50", "ttft_vs_all_cloud_p50", "seconds_p50", "e2e_vs_all_cloud_p50",
+                                  "e2e_vs_slower_side_p50", "tokens_per_s_p50", "checks_per_answer_p50",
+                                  "server_passes_vs_all_cloud_p50", "billed_vs_all_cloud_p50", "quality_vs_all_cloud")}})
+    print(json.dumps(table, indent=1))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    names = sorted({t["run"] for t in table})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for ax, key, title in ((axes[0], "e2e_vs_all_cloud_p50", "end to end p50 / all-cloud"),
+                           (axes[1], "ttft_vs_all_cloud_p50", "TTFT p50 / all-cloud")):
+        for j, policy in enumerate(POLICIES):
+            values = [next((t[key] for t in table if t["run"] == n and t["policy"] == policy), 0) for n in names]
+            ax.bar([i + 0.2 * j for i in range(len(names))], values, width=0.2, label=policy)
+        ax.set_xticks([i + 0.3 for i in range(len(names))], names, rotation=20, fontsize=8)
+        ax.axhline(1.0, color="grey", lw=0.8)
+        ax.set_title(title)
+    axes[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(RESULTS / "pipeline.png", dpi=110)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="phase", required=True)
+    bd = sub.add_parser("breakdown")
+    bd.add_argument("--reps", type=int, default=5)
+    lv = sub.add_parser("live")
+    lv.add_argument("--per-family", type=int, default=1)
+    lv.add_argument("--skip", type=int, default=0, help="tasks of each family to skip (another sample)")
+    lv.add_argument("--rtt", type=float, default=0.05, help="round trip to the cloud, seconds (LatencyProxy)")
+    lv.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
+    sub.add_parser("report")
+    args = parser.parse_args()
+    {"breakdown": breakdown, "live": live, "report": report}[args.phase](args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+"""Pipelined verified rounds: the edge drafts while a check is in flight, the text stays the cloud's.
+
+A real llama.cpp edge (SmolLM2) and a real ``edgecloud serve`` cloud (the same model, so the
+cloud's greedy text is known). The edge is made wrong on purpose (every third token of its
+greedy line is another token) so checks reject drafts and the line is drafted again from the
+cloud's token; the pipelined answer must still be the strict rounds' answer and the cloud's,
+token for token. Faults: a cloud killed while the edge is ahead, a check abandoned by a caller
+who stops reading, a cloud whose breaker opens mid-answer.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("fastapi")
+
+from edgecloud import EdgeCloud
+from edgecloud.backend import Backend
+from edgecloud.types import ChatCompletionChunk
+from faults import ServeProcess, serving
+
+KEY = "sk-test"
+SERVED = "smollm2-135m-instruct-q4"  # the name edgecloud serve gives the file
+PROMPTS = ["List three colours of the rainbow, one per line.", "Write a haiku about the sea.",
+           "Count from one to ten in words, separated by commas."]
+
+
+@pytest.fixture(scope="module")
+def edge(smollm2_path: Path) -> Iterator[Backend]:
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+
+    with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as backend:
+        yield backend
+
+
+class Wrong:
+    """The edge, wrong in every third token of its greedy line (its drafts), slow when asked."""
+
+    def __init__(self, inner: Any, delay_s: float = 0.0) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
+        for i, (token, p) in enumerate(self.inner.greedy(tokens, limit)):
+            time.sleep(self.delay_s)
+            yield (token if (i + 1) % 3 else (token + 1) % 1000), p
+
+
+def client(edge: Any, url: str, model: str = "m", **collab: Any) -> EdgeCloud:
+    config = {"collab": collab, "fallback": {"max_retries": 0, "timeout_s": 30, "connect_timeout_s": 2},
+              "router": {"pii": "off"}}
+    return EdgeCloud(edge_backend=edge, cloud_base_url=url, cloud_model=model, cloud_api_key=KEY, config=config)
+
+
+def ask(c: EdgeCloud, prompt: str, **params: Any) -> list[ChatCompletionChunk]:
+    return list(c.chat.completions.create(messages=[{"role": "user", "content": prompt}],
+                                          max_tokens=params.pop("max_tokens", 40), temperature=0, stream=True, **params))
+
+
+def text(chunks: list[ChatCompletionChunk]) -> str:
+    return "".join(ch.text for ch in chunks)
+
+
+@pytest.fixture(scope="module")
+def cloud(smollm2_path: Path) -> Iterator[str]:
+    with serving("llamacpp", smollm2_path, n_ctx=1024, api_key=KEY) as (url, _):
+        yield url
+
+
+def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: Backend, cloud: str) -> None:
+    with client(Wrong(edge), cloud) as c:
+        for prompt in PROMPTS:
+            alone = ask(c, prompt, route="cloud", collab="off")
+            strict = ask(c, prompt, collab={"mode": "verified", "pipeline": False})
+            piped = ask(c, prompt, collab="verified")
+            assert text(piped) == text(strict) == text(alone), prompt
+            final, strict_final = piped[-1], strict[-1]
+            assert final.usage.completion_tokens == strict_final.usage.completion_tokens
+            assert final.route.tokens["edge"] + final.route.tokens["cloud"] == final.usage.completion_tokens
+            assert final.route.tokens["cloud"] > 1  # the corrections of the wrong drafts
+            assert final.route.noted("verified_rounds") is not None and not final.route.fallbacks
+            # each check is one pass on both counters: the cloud's forward passes as the client counts them
+            assert final.cost.cloud_passes == final.route.cloud_calls
+
+
+def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str) -> None:
+    with client(Wrong(edge, delay_s=0.3), cloud) as c:  # an edge slower than the cloud's prefill
+        piped = ask(c, PROMPTS[0], max_tokens=12)
+        strict = ask(c, PROMPTS[0], max_tokens=12, collab={"mode": "verified", "pipeline": False})
+    first = next(ch for ch in piped if ch.text)
+    assert first.route.target == "cloud"
+    assert next(ch for ch in strict if ch.text).route.target == "edge"  # a strict round shows the edge's block first
+    assert text(piped) == text(strict)
+
+
+def test_a_cloud_killed_while_the_edge_is_ahead_leaves_the_edge_to_finish(edge: Backend, smollm2_path: Path) -> None:
+    proc = ServeProcess(str(smollm2_path), api_key=KEY).start()
+    try:
+        with client(edge, proc.url, SERVED) as c:
+            chunks: list[ChatCompletionChunk] = []
+            stream = c.chat.completions.create(messages=[{"role": "user", "content": "Write a story about a fox."}],
+                                               max_tokens=80, temperature=0, stream=True)
+            for chunk in stream:
+                chunks.append(chunk)
+                if sum(bool(ch.text) for ch in chunks) == 6 and proc.proc.poll() is None:
+                    proc.kill()
+            alone = ask(c, "Write a story about a fox.", route="edge", collab="off", max_tokens=80)
+    finally:
+        proc.stop()
+    final = chunks[-1]
+    [switch] = final.route.fallbacks  # the edge finished: the dead cloud was not asked again
+    assert (switch["from"], switch["to"], switch["during"]) == ("cloud", "edge", "verification")
+    # the same model on both sides: what the caller got is one answer, no token twice or missing
+    assert text(chunks) == text(alone)
+    assert final.usage.completion_tokens == alone[-1].usage.completion_tokens
+    assert final.route.tokens["edge"] + final.route.tokens["cloud"] == final.usage.completion_tokens
+    assert sum(ch.choices[0].finish_reason is not None for ch in chunks if ch.choices) == 1
+
+
+def test_a_check_nobody_reads_is_dropped(edge: Backend, cloud: str) -> None:
+    with client(Wrong(edge, delay_s=0.05), cloud) as c:
+        stream = c.chat.completions.create(messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=40,
+                                           temperature=0, stream=True)
+        while not next(stream).text:  # the caller reads the first token, then walks away mid-answer
+            pass
+        stream.close()
+        threads = threading.active_count()
+        time.sleep(0.5)  # the abandoned check lands meanwhile
+        again = ask(c, PROMPTS[1], max_tokens=40, collab={"mode": "verified", "pipeline": False})
+        piped = ask(c, PROMPTS[1], max_tokens=40)
+        stats = c.stats()
+    assert text(again) == text(piped) and not piped[-1].route.fallbacks
+    assert all(state == "closed" for state in stats["circuits"].values())  # nothing counted against the cloud
+    assert threading.active_count() <= threads + 1
+
+
+def test_failed_checks_count_on_the_breaker_and_an_open_one_is_not_asked(edge: Backend, smollm2_path: Path) -> None:
+    proc = ServeProcess(str(smollm2_path), api_key=KEY).start()
+    config = {"collab": {"mode": "verified"}, "router": {"pii": "off"},
+              "fallback": {"max_retries": 0, "timeout_s": 30, "connect_timeout_s": 1, "failure_threshold": 2,
+                           "cooldown_s": 60}}
+    try:
+        with EdgeCloud(edge_backend=Wrong(edge), cloud_base_url=proc.url, cloud_model=SERVED, cloud_api_key=KEY,
+                       config=config) as c:
+            chunks: list[ChatCompletionChunk] = []
+            for chunk in c.chat.completions.create(messages=[{"role": "user", "content": PROMPTS[2]}], max_tokens=60,
+                                                   temperature=0, stream=True):
+                chunks.append(chunk)
+                if sum(bool(ch.text) for ch in chunks) == 3 and proc.proc.poll() is None:
+                    proc.kill()
+            half_open = c.stats()["circuits"]
+            second = ask(c, PROMPTS[0])
+            opened = c.stats()["circuits"]
+            third = ask(c, PROMPTS[1])
+    finally:
+        proc.stop()
+    assert len(chunks[-1].route.fallbacks) == 1 and len(second[-1].route.fallbacks) == 1
+    cloud = f"{proc.url}/v1" if not proc.url.endswith("/v1") else proc.url
+    assert half_open[cloud] == "closed" and opened[cloud] == "open"
+    assert third[-1].route.fallbacks == [] and third[-1].route.cloud_calls == 0 and text(third)
