@@ -257,6 +257,12 @@ class CollabSettings(_Section):
                           "as soon as the last one lands (the same text as strict rounds, sooner); false: strict "
                           "rounds (draft, then wait for the check).",
     )
+    overlap: bool | None = Field(
+        None, description="Verified mode with pipeline: the edge drafts while a check is computed. Unset: yes, "
+                          "unless the cloud shares this process's CPUs (a loopback URL and this process not pinned "
+                          "to some of the CPUs): two llama.cpp processes computing at once on the same cores slow "
+                          "each other far more than twofold, so there the sides take turns.",
+    )
     cloud_first_token: bool = Field(
         True, description="Verified mode with pipeline: the first check carries the prompt alone and goes out at "
                           "once, so the cloud's prefill runs while the edge drafts and the first token shown is the "

@@ -323,6 +323,8 @@ class CollabOptions(_Validated):
     draft_max: int | None = Field(default=None, ge=1, le=64)
     #: Verified mode: the edge drafts on while a check is in flight (false: strict rounds).
     pipeline: bool | None = None
+    #: Verified mode, pipelined: the edge drafts while a check is computed (unset: unless the cloud shares the CPUs).
+    overlap: bool | None = None
 
 
 class ChatRequest(_Validated):

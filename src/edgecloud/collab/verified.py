@@ -48,17 +48,20 @@ edge that fails hands the rest to the cloud.
 
 from __future__ import annotations
 
+import ipaddress
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 from ..answer import Part
 from ..backend import Backend, Drafter, Verifier, close_stream
 from ..errors import ConfigError, ExtensionUnsupportedError, VocabularyMismatchError
 from ..fallback import Attempt
 from ..observability.cost import forward_passes
+from ..runtime.hardware import cpu_budget
 from ..runtime.scoring import Scored, TokenSession
 from ..runtime.speculative import Acceptance, accept_prefix, best_k, expected_tokens
 from ..runtime.text_stream import TextStream
@@ -159,7 +162,9 @@ class _RoundCost:
 
     def __init__(self, decay: float = 0.85) -> None:
         self.decay = decay
-        self._n, self._x, self._y, self._xx, self._xy = 2.0, 2.0 * 4, 2.0 * 0.14, 2.0 * (4 * 4 + 4), 2.0 * (4 * 0.14 + 0.02)
+        self._n = self._x = self._y = self._xx = self._xy = 0.0
+        for tokens in (2, 8):  # the prior, as two checks
+            self.observe(tokens, 0.1 + 0.01 * tokens)
 
     def observe(self, tokens: int, seconds: float) -> None:
         d = self.decay
@@ -174,13 +179,37 @@ class _RoundCost:
         slope = max(0.0, slope)
         return max(0.0, mean_y - slope * mean_x), slope
 
-    def block(self, alpha: float, k_min: int, k_max: int) -> int:
-        """The block size with the most tokens per second of checks; of those within 5 % of the
-        best, the longest (fewer checks, fewer passes, at no cost to the user's clock)."""
+    def block(self, alpha: float, k_min: int, k_max: int, draft_s: float = 0.0) -> int:
+        """The block size with the most tokens per second (``draft_s``: the edge's time per drafted
+        token, when it drafts while no check is out); of those within 5 % of the best, the longest
+        (fewer checks, fewer passes, at little cost to the user's clock)."""
         fixed, per_token = self.line()
-        rates = {k: expected_tokens(alpha, k) / max(1e-6, fixed + (k + 1) * per_token) for k in range(k_min, k_max + 1)}
+        rates = {k: expected_tokens(alpha, k) / max(1e-6, fixed + (k + 1) * per_token + k * draft_s)
+                 for k in range(k_min, k_max + 1)}
         best = max(rates.values())
         return max(k for k, rate in rates.items() if rate >= 0.95 * best)
+
+
+def _loopback(url: str) -> bool:
+    host = (urlsplit(url).hostname or "").lower()
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def shares_cpu(url: str) -> bool:
+    """Whether a cloud at ``url`` computes on this process's CPUs: it is on this machine (a
+    loopback address) and this process may use every CPU (not pinned to some of them, as an app
+    and its server on separate cores are). Two llama.cpp processes computing at once on the same
+    cores slow each other far more than twofold (their threads wait for each other at every
+    operation), so pipelined rounds then keep the edge idle while a check is computed."""
+    if not _loopback(url):
+        return False
+    budget = cpu_budget()
+    return budget.allowed >= budget.logical
 
 
 class _Line:
@@ -191,7 +220,7 @@ class _Line:
         self.edge, self.context = edge, list(context)
         self.tokens: list[int] = []
         self.ended = False  # the line reached an end-of-answer token
-        self.seconds = 0.0
+        self.seconds, self.drafted = 0.0, 0
         self._stream: Iterator[tuple[int, float]] | None = None
 
     def extend(self, limit: int, stop: Callable[[], bool] = lambda: False) -> None:
@@ -210,6 +239,7 @@ class _Line:
                 self.ended = True
                 break
             self.tokens.append(token[0])
+            self.drafted += 1
             self.ended = self.edge.is_end(token[0])
         self.seconds += time.perf_counter() - started
 
@@ -324,15 +354,24 @@ class DraftAndCheck(SharedAnswer):
         line = _Line(self.drafter, prompt)
         flight: _Flight | None = None
         first = self.settings.cloud_first_token and budget > 0
+        overlap = self.settings.overlap
+        if overlap is None:
+            overlap = not any(shares_cpu(str(a.backend.base_url)) for a in self.clouds)
         try:
             while len(ids) < budget and self.finish is None:
                 if flight is None:
                     left = budget - len(ids)
-                    # what the edge drafted while the last check was out goes at once (up to the
-                    # block size the measured costs favour); after a rejection, the first
-                    # RESTART_BLOCK tokens go and the edge drafts on while they are checked
-                    line.extend(0 if first else min(left, max(self.draft_min, RESTART_BLOCK)))
-                    block = line.tokens[:min(left, cost.block(acceptance.rate, self.draft_min, k_max))]
+                    if overlap:
+                        # what the edge drafted while the last check was out goes at once (up to the
+                        # block size the measured costs favour); after a rejection, the first
+                        # RESTART_BLOCK tokens go and the edge drafts on while they are checked
+                        line.extend(0 if first else min(left, max(self.draft_min, RESTART_BLOCK)))
+                        want = cost.block(acceptance.rate, self.draft_min, k_max)
+                    else:  # the edge drafts the block, then waits: the sides take turns on the CPUs
+                        draft_s = line.seconds / line.drafted if line.drafted else 0.02
+                        want = 0 if first else cost.block(acceptance.rate, self.draft_min, k_max, draft_s)
+                        line.extend(min(left, want))
+                    block = line.tokens[:min(left, want)]
                     attempt = self.cloud_attempt() if self._calls_left() else None
                     if attempt is None:  # no cloud to check with: the edge writes its block alone
                         if not block:
@@ -347,8 +386,8 @@ class DraftAndCheck(SharedAnswer):
                         continue
                     flight = self._send(attempt, prompt + ids, block, cloud_part)
                     first = False
-                # a check is in flight: draft past its block until it lands
-                line.extend(min(budget - len(ids), len(flight.block) + 1 + k_max), flight.future.done)
+                if overlap:  # a check is in flight: draft past its block until it lands
+                    line.extend(min(budget - len(ids), len(flight.block) + 1 + k_max), flight.future.done)
                 outcome = self._settle(flight, cloud_part)
                 landed, flight = flight, None
                 self._holds_sessions(landed.attempt)
