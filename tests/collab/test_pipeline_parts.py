@@ -23,14 +23,13 @@ def test_the_cost_fit_finds_the_line_of_the_checks_it_saw() -> None:
     assert fixed == pytest.approx(0.05, abs=0.01) and per_token == pytest.approx(0.02, abs=0.002)
 
 
-def test_the_block_grows_with_acceptance_and_shrinks_with_the_cost_of_drafting() -> None:
+def test_the_block_grows_with_acceptance() -> None:
     cost = _RoundCost()
     for _ in range(20):
         for tokens in (2, 8, 16):
             cost.observe(tokens, 0.1 + 0.005 * tokens)
     low, high = cost.block(0.5, 1, 15), cost.block(0.95, 1, 15)
     assert 1 <= low < high <= 15
-    assert cost.block(0.8, 1, 15, draft_s=0.05) <= cost.block(0.8, 1, 15)
     assert cost.block(0.99, 4, 6) in (4, 5, 6)
 
 

@@ -76,12 +76,14 @@ def cloud(smollm2_path: Path) -> Iterator[str]:
         yield url
 
 
-def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: Backend, cloud: str) -> None:
+@pytest.mark.parametrize("overlap", [True, False], ids=["edge-drafts-during-checks", "sides-take-turns"])
+def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: Backend, cloud: str,
+                                                                         overlap: bool) -> None:
     with client(Wrong(edge), cloud) as c:
         for prompt in PROMPTS:
             alone = ask(c, prompt, route="cloud", collab="off")
             strict = ask(c, prompt, collab={"mode": "verified", "pipeline": False})
-            piped = ask(c, prompt, collab="verified")
+            piped = ask(c, prompt, collab={"mode": "verified", "overlap": overlap})
             assert text(piped) == text(strict) == text(alone), prompt
             final, strict_final = piped[-1], strict[-1]
             assert final.usage.completion_tokens == strict_final.usage.completion_tokens
@@ -92,8 +94,9 @@ def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: B
             assert final.cost.cloud_passes == final.route.cloud_calls
 
 
-def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str) -> None:
-    with client(Wrong(edge, delay_s=0.3), cloud) as c:  # an edge slower than the cloud's prefill
+@pytest.mark.parametrize("overlap", [True, False])
+def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str, overlap: bool) -> None:
+    with client(Wrong(edge, delay_s=0.3), cloud, overlap=overlap) as c:  # an edge slower than the cloud's prefill
         piped = ask(c, PROMPTS[0], max_tokens=12)
         strict = ask(c, PROMPTS[0], max_tokens=12, collab={"mode": "verified", "pipeline": False})
     first = next(ch for ch in piped if ch.text)
@@ -105,7 +108,7 @@ def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str) -> N
 def test_a_cloud_killed_while_the_edge_is_ahead_leaves_the_edge_to_finish(edge: Backend, smollm2_path: Path) -> None:
     proc = ServeProcess(str(smollm2_path), api_key=KEY).start()
     try:
-        with client(edge, proc.url, SERVED) as c:
+        with client(edge, proc.url, SERVED, overlap=True) as c:  # the edge drafts ahead while checks are out
             chunks: list[ChatCompletionChunk] = []
             stream = c.chat.completions.create(messages=[{"role": "user", "content": "Write a story about a fox."}],
                                                max_tokens=80, temperature=0, stream=True)
@@ -127,7 +130,7 @@ def test_a_cloud_killed_while_the_edge_is_ahead_leaves_the_edge_to_finish(edge: 
 
 
 def test_a_check_nobody_reads_is_dropped(edge: Backend, cloud: str) -> None:
-    with client(Wrong(edge, delay_s=0.05), cloud) as c:
+    with client(Wrong(edge, delay_s=0.05), cloud, overlap=True) as c:
         stream = c.chat.completions.create(messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=40,
                                            temperature=0, stream=True)
         while not next(stream).text:  # the caller reads the first token, then walks away mid-answer
@@ -145,7 +148,7 @@ def test_a_check_nobody_reads_is_dropped(edge: Backend, cloud: str) -> None:
 
 def test_failed_checks_count_on_the_breaker_and_an_open_one_is_not_asked(edge: Backend, smollm2_path: Path) -> None:
     proc = ServeProcess(str(smollm2_path), api_key=KEY).start()
-    config = {"collab": {"mode": "verified"}, "router": {"pii": "off"},
+    config = {"collab": {"mode": "verified", "overlap": True}, "router": {"pii": "off"},
               "fallback": {"max_retries": 0, "timeout_s": 30, "connect_timeout_s": 1, "failure_threshold": 2,
                            "cooldown_s": 60}}
     try:

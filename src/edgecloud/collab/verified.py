@@ -179,13 +179,12 @@ class _RoundCost:
         slope = max(0.0, slope)
         return max(0.0, mean_y - slope * mean_x), slope
 
-    def block(self, alpha: float, k_min: int, k_max: int, draft_s: float = 0.0) -> int:
-        """The block size with the most tokens per second (``draft_s``: the edge's time per drafted
-        token, when it drafts while no check is out); of those within 5 % of the best, the longest
-        (fewer checks, fewer passes, at little cost to the user's clock)."""
+    def block(self, alpha: float, k_min: int, k_max: int) -> int:
+        """The block size with the most tokens per second of checks while the edge drafts during
+        them; of those within 5 % of the best, the longest (fewer checks, fewer passes, at little
+        cost to the user's clock)."""
         fixed, per_token = self.line()
-        rates = {k: expected_tokens(alpha, k) / max(1e-6, fixed + (k + 1) * per_token + k * draft_s)
-                 for k in range(k_min, k_max + 1)}
+        rates = {k: expected_tokens(alpha, k) / max(1e-6, fixed + (k + 1) * per_token) for k in range(k_min, k_max + 1)}
         best = max(rates.values())
         return max(k for k, rate in rates.items() if rate >= 0.95 * best)
 
@@ -350,6 +349,7 @@ class DraftAndCheck(SharedAnswer):
         prompt, budget, edge_part, cloud_part = self._start()
         ids: list[int] = []
         acceptance, cost = Acceptance(PRIOR_ACCEPTANCE), _RoundCost()
+        draft_s, round_s = 0.02, 0.1  # taking turns: replaced by measurements
         k_max = self.settings.draft_max
         line = _Line(self.drafter, prompt)
         flight: _Flight | None = None
@@ -368,9 +368,14 @@ class DraftAndCheck(SharedAnswer):
                         line.extend(0 if first else min(left, max(self.draft_min, RESTART_BLOCK)))
                         want = cost.block(acceptance.rate, self.draft_min, k_max)
                     else:  # the edge drafts the block, then waits: the sides take turns on the CPUs
-                        draft_s = line.seconds / line.drafted if line.drafted else 0.02
-                        want = 0 if first else cost.block(acceptance.rate, self.draft_min, k_max, draft_s)
+                        # (k as strict rounds choose it, by the measured time of a check and of a
+                        # drafted token: a line fitted to the checks' sizes picked blocks of 1-2 at
+                        # RTT 0 here, 5x the checks and slower; benchmarks/pipeline.py)
+                        want = 0 if first else max(self.draft_min, choose_k(acceptance.rate, draft_s, round_s, k_max))
+                        seconds, drafted = line.seconds, line.drafted
                         line.extend(min(left, want))
+                        if drafted and line.drafted > drafted:  # (the first drafts include the prompt's prefill)
+                            draft_s = 0.7 * draft_s + 0.3 * (line.seconds - seconds) / (line.drafted - drafted)
                     block = line.tokens[:min(left, want)]
                     attempt = self.cloud_attempt() if self._calls_left() else None
                     if attempt is None:  # no cloud to check with: the edge writes its block alone
@@ -398,6 +403,7 @@ class DraftAndCheck(SharedAnswer):
                     if landed.block:  # (the prompt's check costs its prefill: not a round's cost)
                         acceptance.observe(len(landed.block), len(kept))
                         cost.observe(len(landed.block) + 1, time.perf_counter() - landed.started)
+                        round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - landed.started)
                     self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
                 written = [*kept, *([extra] if extra is not None else [])]
                 for i, token in enumerate(written):
