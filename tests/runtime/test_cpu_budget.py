@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -40,7 +39,7 @@ def test_cgroup_quota_files_v1_and_v2(tmp_path: Path, files: dict[str, str], exp
     assert _cgroup_quota(str(tmp_path)) == expected
 
 
-@pytest.mark.skipif(shutil.which("taskset") is None or not hasattr(os, "sched_getaffinity"), reason="needs taskset")
+@pytest.mark.skipif(shutil.which("taskset") is None or not sys.platform.startswith("linux"), reason="needs taskset")
 def test_a_process_pinned_to_one_core_runs_one_thread() -> None:
     code = ("import json; from edgecloud.runtime.llama_cpp import physical_cores; "
             "from edgecloud.runtime.hardware import cpu_budget; b = cpu_budget(); "

@@ -15,6 +15,7 @@ import math
 import os
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 
 __all__ = ["GPU", "CpuBudget", "cpu_budget", "cpu_flags", "cpu_has_bf16", "nvidia_gpus"]
@@ -141,7 +142,7 @@ def cpu_budget(*, affinity: set[int] | None = None, quota: float | None | str = 
         except ImportError:
             physical = None
     physical = max(1, physical or logical)
-    if affinity is None and hasattr(os, "sched_getaffinity"):
+    if affinity is None and sys.platform.startswith("linux"):  # (macOS and Windows have no affinity call)
         affinity = os.sched_getaffinity(0)
     allowed = max(1, min(logical, len(affinity))) if affinity else logical
     if quota == "read":
