@@ -170,3 +170,15 @@ def test_failed_checks_count_on_the_breaker_and_an_open_one_is_not_asked(edge: B
     cloud = f"{proc.url}/v1" if not proc.url.endswith("/v1") else proc.url
     assert half_open[cloud] == "closed" and opened[cloud] == "open"
     assert third[-1].route.fallbacks == [] and third[-1].route.cloud_calls == 0 and text(third)
+
+
+@pytest.mark.parametrize("overlap", [True, False])
+def test_a_cloud_down_at_the_first_check_leaves_the_whole_answer_to_the_edge(edge: Backend, overlap: bool) -> None:
+    from faults import free_port
+
+    with client(edge, f"http://127.0.0.1:{free_port()}", overlap=overlap) as c:
+        answer = ask(c, PROMPTS[2], collab="verified")
+        alone = ask(c, PROMPTS[2], route="edge", collab="off")
+    final = answer[-1]
+    assert [f["cause"] for f in final.route.fallbacks] == ["connect"] and final.route.tokens["cloud"] == 0
+    assert text(answer) == text(alone) and final.choices[0].finish_reason in ("stop", "length")

@@ -23,7 +23,9 @@ edge's next draft) stays drafted and the next check goes out at once; otherwise 
 again from the cloud's token. The first check carries the prompt alone and goes out before the
 edge has read it (``collab.cloud_first_token``): the cloud's prefill runs while the edge prefills
 and drafts, and the first token shown is the cloud's own greedy first token, so the answer
-starts no later than the cloud's alone. The text is the same as with strict rounds (draft, then
+starts no later than the cloud's alone. Against a cloud that shares this process's CPUs
+(``collab.overlap`` unset, :func:`shares_cpu`) the sides take turns instead: strict rounds,
+opened by the prompt's check. The text is the same as with strict rounds (draft, then
 wait for the check): only when each check is sent changes, never what is kept. A check that
 fails while the edge is ahead leaves the edge to finish (``route.fallbacks``); a check whose
 answer is no longer wanted (the caller stopped reading, the edge failed) is dropped.
@@ -219,7 +221,7 @@ class _Line:
         self.edge, self.context = edge, list(context)
         self.tokens: list[int] = []
         self.ended = False  # the line reached an end-of-answer token
-        self.seconds, self.drafted = 0.0, 0
+        self.seconds = 0.0
         self._stream: Iterator[tuple[int, float]] | None = None
 
     def extend(self, limit: int, stop: Callable[[], bool] = lambda: False) -> None:
@@ -238,7 +240,6 @@ class _Line:
                 self.ended = True
                 break
             self.tokens.append(token[0])
-            self.drafted += 1
             self.ended = self.edge.is_end(token[0])
         self.seconds += time.perf_counter() - started
 
@@ -286,9 +287,12 @@ class DraftAndCheck(SharedAnswer):
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         if self.request.continue_final_message:
             raise ConfigError(f"collab={self.mode!r} starts answers; to continue a partial answer use collab='token'")
-        answer = self._pipelined if self.trust is None and self.settings.pipeline else self._answer
+        pipelined = self.trust is None and self.settings.pipeline
         try:
-            yield from answer()
+            if pipelined and self._overlaps():
+                yield from self._pipelined()
+            else:  # strict rounds; pipelined ones with a cloud on this process's CPUs take turns the same way
+                yield from self._answer(cloud_first=pipelined and self.settings.cloud_first_token)
         except _EdgeFailed as failed:  # the cloud writes the rest, through the one failover
             yield from self.cloud_finishes(failed.error)
         except _StepDown as down:  # nothing shown yet: the next mode writes the whole answer
@@ -302,23 +306,37 @@ class DraftAndCheck(SharedAnswer):
         budget = min(self.request.max_tokens or room, room)
         return prompt, budget, self.recorder.part("edge", self.edge.name), self.recorder.part("cloud", "cloud")
 
-    def _answer(self) -> Iterator[ChatCompletionChunk]:
+    def _overlaps(self) -> bool:
+        """Whether the edge drafts while a check is computed: ``collab.overlap``, else unless a cloud
+        shares this process's CPUs (:func:`shares_cpu`)."""
+        if self.settings.overlap is not None:
+            return self.settings.overlap
+        return not any(shares_cpu(str(a.backend.base_url)) for a in self.clouds)
+
+    def _answer(self, cloud_first: bool = False) -> Iterator[ChatCompletionChunk]:
+        """Strict rounds: the edge drafts a block, then waits for its check. ``cloud_first``: the
+        first check carries the prompt alone, before the edge reads it (the sides take turns on
+        the CPUs and the first token shown is the cloud's)."""
         edge = self.drafter
         prompt, budget, edge_part, cloud_part = self._start()
         ids: list[int] = []
         acceptance = Acceptance(PRIOR_ACCEPTANCE)
         draft_s, round_s = 0.02, 0.1  # replaced by measurements after the first round
         k = max(self.draft_min, min(self.settings.draft_max, 4))
+        opening, measured = cloud_first, False
         while len(ids) < budget and self.finish is None:
             started = time.perf_counter()
             block: list[int] = []
-            if self.trust is not None:  # the edge writes on while it is sure
-                yield from self._sure_run(prompt, ids, budget, edge_part, block)
-                if self.finish is not None or len(ids) >= budget or not block:
-                    break
-            k = max(1, min(k, budget - len(ids)))
-            if len(block) < k and not (block and edge.is_end(block[-1])):
-                block += _on_edge(edge.draft, prompt + ids + block, k - len(block))
+            if opening:  # the prompt's check: nothing drafted yet
+                opening = False
+            else:
+                if self.trust is not None:  # the edge writes on while it is sure
+                    yield from self._sure_run(prompt, ids, budget, edge_part, block)
+                    if self.finish is not None or len(ids) >= budget or not block:
+                        break
+                k = max(1, min(k, budget - len(ids)))
+                if len(block) < k and not (block and edge.is_end(block[-1])):
+                    block += _on_edge(edge.draft, prompt + ids + block, k - len(block))
             edge_s = time.perf_counter() - started
             edge_part.seconds += edge_s
             attempt = self.cloud_attempt() if self._calls_left() else None
@@ -329,7 +347,9 @@ class DraftAndCheck(SharedAnswer):
                 if checked is not None:
                     kept, extra = checked
                     acceptance.observe(len(block), len(kept))
-                    draft_s = 0.7 * draft_s + 0.3 * edge_s / max(1, len(block))
+                    if block and (measured or not cloud_first):  # (the first drafts read the prompt too)
+                        draft_s = 0.7 * draft_s + 0.3 * edge_s / len(block)
+                    measured = measured or bool(block)
                     round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - started - edge_s)
                 self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
             written = [*(("edge", t) for t in kept), *((("cloud", extra),) if extra is not None else ())]
@@ -349,34 +369,19 @@ class DraftAndCheck(SharedAnswer):
         prompt, budget, edge_part, cloud_part = self._start()
         ids: list[int] = []
         acceptance, cost = Acceptance(PRIOR_ACCEPTANCE), _RoundCost()
-        draft_s, round_s = 0.02, 0.1  # taking turns: replaced by measurements
         k_max = self.settings.draft_max
         line = _Line(self.drafter, prompt)
         flight: _Flight | None = None
         first = self.settings.cloud_first_token and budget > 0
-        overlap = self.settings.overlap
-        if overlap is None:
-            overlap = not any(shares_cpu(str(a.backend.base_url)) for a in self.clouds)
         try:
             while len(ids) < budget and self.finish is None:
                 if flight is None:
                     left = budget - len(ids)
-                    if overlap:
-                        # what the edge drafted while the last check was out goes at once (up to the
-                        # block size the measured costs favour); after a rejection, the first
-                        # RESTART_BLOCK tokens go and the edge drafts on while they are checked
-                        line.extend(0 if first else min(left, max(self.draft_min, RESTART_BLOCK)))
-                        want = cost.block(acceptance.rate, self.draft_min, k_max)
-                    else:  # the edge drafts the block, then waits: the sides take turns on the CPUs
-                        # (k as strict rounds choose it, by the measured time of a check and of a
-                        # drafted token: a line fitted to the checks' sizes picked blocks of 1-2 at
-                        # RTT 0 here, 5x the checks and slower; benchmarks/pipeline.py)
-                        want = 0 if first else max(self.draft_min, choose_k(acceptance.rate, draft_s, round_s, k_max))
-                        seconds, drafted = line.seconds, line.drafted
-                        line.extend(min(left, want))
-                        if drafted and line.drafted > drafted:  # (the first drafts include the prompt's prefill)
-                            draft_s = 0.7 * draft_s + 0.3 * (line.seconds - seconds) / (line.drafted - drafted)
-                    block = line.tokens[:min(left, want)]
+                    # what the edge drafted while the last check was out goes at once (up to the
+                    # block size the measured costs favour); after a rejection, the first
+                    # RESTART_BLOCK tokens go and the edge drafts on while they are checked
+                    line.extend(0 if first else min(left, max(self.draft_min, RESTART_BLOCK)))
+                    block = line.tokens[:min(left, cost.block(acceptance.rate, self.draft_min, k_max))]
                     attempt = self.cloud_attempt() if self._calls_left() else None
                     if attempt is None:  # no cloud to check with: the edge writes its block alone
                         if not block:
@@ -391,8 +396,8 @@ class DraftAndCheck(SharedAnswer):
                         continue
                     flight = self._send(attempt, prompt + ids, block, cloud_part)
                     first = False
-                if overlap:  # a check is in flight: draft past its block until it lands
-                    line.extend(min(budget - len(ids), len(flight.block) + 1 + k_max), flight.future.done)
+                # a check is in flight: draft past its block until it lands
+                line.extend(min(budget - len(ids), len(flight.block) + 1 + k_max), flight.future.done)
                 outcome = self._settle(flight, cloud_part)
                 landed, flight = flight, None
                 self._holds_sessions(landed.attempt)
@@ -403,7 +408,6 @@ class DraftAndCheck(SharedAnswer):
                     if landed.block:  # (the prompt's check costs its prefill: not a round's cost)
                         acceptance.observe(len(landed.block), len(kept))
                         cost.observe(len(landed.block) + 1, time.perf_counter() - landed.started)
-                        round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - landed.started)
                     self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
                 written = [*kept, *([extra] if extra is not None else [])]
                 for i, token in enumerate(written):
