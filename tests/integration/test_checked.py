@@ -133,6 +133,12 @@ def test_the_call_budget_bounds_the_round_trips(edge: Backend, cloud: str) -> No
     with client(edge, cloud) as c, pytest.raises(InvalidRequestError) as info:
         run(c, collab={"mode": "checked", "draft_min": 8}, max_tokens=4)
     assert info.value.param == "collab.draft_min"
+    with client(edge, cloud) as c, pytest.raises(InvalidRequestError) as info:
+        run(c, collab={"mode": "verified", "draft_min": 8, "draft_max": 4})
+    assert info.value.param == "collab.draft_max" and "draft_min" in str(info.value)
+    with client(edge, cloud) as c, pytest.raises(InvalidRequestError) as info:
+        run(c, collab={"mode": "verified", "overlap": "sometimes"})
+    assert info.value.param == "collab.overlap"
 
 
 def test_a_session_sends_each_token_once(edge: Backend, cloud: str, smollm2_path: Path) -> None:
