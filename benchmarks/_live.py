@@ -3,6 +3,7 @@ pass counter, and one streamed answer through the public client with what it cos
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 from collections.abc import Callable
@@ -53,11 +54,12 @@ def _fresh(messages: list[dict[str, str]], tag: str) -> list[dict[str, str]]:
 
 
 def _answer(client: Any, row: dict[str, Any], tag: str = "", **params: Any) -> dict[str, Any]:
+    """One streamed answer (greedy unless ``params`` says ``temperature``) and what it cost."""
     started, first, text = time.perf_counter(), None, ""
     messages = _fresh(row["messages"], tag) if tag else row["messages"]
+    params.setdefault("temperature", 0)
     try:
-        chunks = client.chat.completions.create(messages=messages, max_tokens=row["max_tokens"], temperature=0,
-                                                stream=True, **params)
+        chunks = client.chat.completions.create(messages=messages, max_tokens=row["max_tokens"], stream=True, **params)
         final = None
         for chunk in chunks:
             if chunk.text and first is None:
@@ -68,6 +70,7 @@ def _answer(client: Any, row: dict[str, Any], tag: str = "", **params: Any) -> d
         return {"raised": f"{type(exc).__name__}: {exc}"[:300]}
     cost = final.cost if final is not None else None
     return {"ttft": first, "seconds": time.perf_counter() - started, "text": text,
+            "text_sha": hashlib.sha256(text.encode()).hexdigest()[:16],
             "collab": final.route.collab if final is not None else None,
             "billed": cost.vs_all_cloud if cost is not None else None,
             "cloud_out": cost.cloud_output_tokens if cost is not None else 0,

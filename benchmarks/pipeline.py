@@ -28,6 +28,7 @@ mode fits nothing on the corpus, so its in-suite and held-out figures are the sa
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import statistics
@@ -189,16 +190,27 @@ def live(args: argparse.Namespace) -> None:
                 EdgeCloud(edge_backend=edge, cloud_base_url=f"{net.url}/v1", cloud_model=CLOUD_MODEL,
                           config={"fallback": {"timeout_s": 300}}) as client:
             _answer(client, {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm
+            def sampled(row: dict[str, Any]) -> dict[str, Any]:  # one seed per task, the same for every policy
+                seed = int(hashlib.sha256(row["id"].encode()).hexdigest()[:8], 16)
+                return {"temperature": args.temperature, "seed": seed} if args.temperature else {}
+
             results = _interleave(sample, POLICIES, port,
-                                  lambda name, row, tag: _answer(client, row, tag=tag, **PINS[name]),
+                                  lambda name, row, tag: _answer(client, row, tag=tag, **PINS[name], **sampled(row)),
                                   lambda row, text: grade(tasks[row["id"]], text))
     finally:
         server.terminate()
         server.wait(30)
     summary = _summary(results)
-    out = {"rtt_s": args.rtt, "split_cores": split, "tasks": len(sample), "per_family": args.per_family,
-           "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary, "answers": results}
-    name = f"pipeline_live_{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}.json"
+    if args.temperature:  # the same seed: the text all-cloud writes, whoever writes it with the cloud
+        for name, rows in results.items():
+            same = [r["text_sha"] == c["text_sha"] for r, c in zip(rows, results["all-cloud"])
+                    if "raised" not in r and "raised" not in c]
+            summary[name]["same_text_as_all_cloud"] = round(sum(same) / max(1, len(same)), 3)
+    out = {"rtt_s": args.rtt, "split_cores": split, "temperature": args.temperature, "tasks": len(sample),
+           "per_family": args.per_family, "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary,
+           "answers": results}
+    sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
+    name = f"pipeline_live_{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}{sampled_tag}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 
@@ -246,6 +258,8 @@ def main() -> None:
     lv.add_argument("--skip", type=int, default=0, help="tasks of each family to skip (another sample)")
     lv.add_argument("--rtt", type=float, default=0.05, help="round trip to the cloud, seconds (LatencyProxy)")
     lv.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
+    lv.add_argument("--temperature", type=float, default=0.0,
+                    help="sample at this temperature (each task one seed, the same for every policy)")
     sub.add_parser("report")
     args = parser.parse_args()
     {"breakdown": breakdown, "live": live, "report": report}[args.phase](args)

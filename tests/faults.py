@@ -243,3 +243,25 @@ class BreaksAfter(Backend):
                 if seen > self.n:
                     raise BackendError("the edge runtime failed mid-stream (injected)", cause="runtime_error")
             yield chunk
+
+
+class WrongDrafts:
+    """Fault injection: the edge, wrong in every third token it drafts (its greedy line and its
+    blocks), so checks reject drafts and the cloud's token replaces them; ``delay_s`` per token
+    makes it slow."""
+
+    def __init__(self, inner: Any, delay_s: float = 0.0) -> None:
+        self.inner, self.delay_s = inner, delay_s
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def greedy(self, tokens: list[int], limit: int, picker: Any = None) -> Iterator[tuple[int, float]]:
+        for i, (token, p) in enumerate(self.inner.greedy(tokens, limit, picker)):
+            time.sleep(self.delay_s)
+            yield (token if (i + 1) % 3 else (token + 1) % 1000), p
+
+    def draft(self, tokens: list[int], k: int, picker: Any = None) -> list[int]:
+        out = self.inner.draft(tokens, k, picker)
+        time.sleep(self.delay_s * len(out))
+        return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(out)]

@@ -33,6 +33,7 @@ from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chu
 
 if TYPE_CHECKING:
     from .config import CacheSettings
+    from .runtime.coupling import Coupling, Picker
     from .runtime.scoring import Scored, TokenScore, TokenSession
 
 __all__ = [
@@ -346,12 +347,14 @@ class Drafter(ChatTokenizer, Protocol):
         """Whether ``token`` ends generation."""
         ...
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
-        """The next ``k`` greedy tokens after ``tokens`` (fewer when one ends generation)."""
+    def draft(self, tokens: list[int], k: int, picker: Picker | None = None) -> list[int]:
+        """The next ``k`` tokens after ``tokens`` (fewer when one ends generation): greedy, or
+        ``picker``'s picks (:mod:`edgecloud.runtime.coupling`)."""
         ...
 
-    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
-        """The greedy continuation of ``tokens`` as ``(token, probability of it)``, one at a time."""
+    def greedy(self, tokens: list[int], limit: int, picker: Picker | None = None) -> Iterator[tuple[int, float]]:
+        """The continuation of ``tokens`` as ``(token, probability of it)``, one at a time: greedy,
+        or ``picker``'s picks."""
         ...
 
 
@@ -363,8 +366,10 @@ class Verifier(Protocol):
         """Scores of ``tokens[start:]`` and the greedy next token."""
         ...
 
-    def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1) -> Scored:
-        """:meth:`score` in a token session: only what the endpoint does not hold is sent."""
+    def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
+                 coupling: Coupling | None = None) -> Scored:
+        """:meth:`score` in a token session: only what the endpoint does not hold is sent; with
+        ``coupling``, the endpoint's picks under that sampler (its next token is its pick)."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:

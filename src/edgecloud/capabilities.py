@@ -18,6 +18,9 @@ The extensions:
   same tokenizer): what checked and verified mode send and read;
 * ``sessions`` - holds a token session, so a check sends only what the endpoint has not seen
   (``edgecloud serve``; vLLM re-reads the whole context every check);
+* ``coupling`` - picks each checked position's token with the shared-noise sampler
+  (:mod:`edgecloud.runtime.coupling`), so a sampled answer (``temperature`` above 0) is verified
+  exactly (``edgecloud serve``; vLLM ignores the fields and answers without picks);
 * ``continue`` - continues a partial assistant message (``continue_final_message``: vLLM,
   ``edgecloud serve``; hosted chat APIs answer 400);
 * ``logprobs``, ``tools``, ``json_schema`` - the chat request's own fields of those names.
@@ -31,7 +34,7 @@ from typing import Literal, get_args
 
 __all__ = ["CAPABILITIES", "Capabilities", "Capability"]
 
-Capability = Literal["score", "token_ids", "sessions", "continue", "logprobs", "tools", "json_schema"]
+Capability = Literal["score", "token_ids", "sessions", "coupling", "continue", "logprobs", "tools", "json_schema"]
 CAPABILITIES: tuple[str, ...] = get_args(Capability)
 
 

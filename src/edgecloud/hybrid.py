@@ -225,7 +225,7 @@ class Hybrid(Backend):
         if auto:
             if edge is None:
                 return plain
-            chosen, why = auto_mode(edge, self.clouds, redacted=decision.redaction is not None)
+            chosen, why = auto_mode(edge, self.clouds, redacted=decision.redaction is not None, request=request)
             if chosen is None:
                 return plain
             asked = chosen

@@ -293,6 +293,21 @@ MAX_LOGIT_BIAS = 300
 IGNORED_FIELDS = ("store", "metadata", "service_tier", "reasoning_effort", "safety_identifier")
 #: Longest session name / ``prompt_cache_key`` accepted.
 MAX_SESSION_NAME = 128
+def check_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
+    """A ``logit_bias`` map's keys (token ids as strings) and values (-100..100), checked; a
+    ValueError says what is wrong (a request model's field validator)."""
+    if bias is None:
+        return None
+    if len(bias) > MAX_LOGIT_BIAS:
+        raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(bias)}")
+    for token, value in bias.items():
+        if not token.isdigit():
+            raise ValueError(f"keys are token ids written as strings (\"1234\"), got {token!r}")
+        if not -100.0 <= value <= 100.0:
+            raise ValueError(f"bias for token {token} is {value}; biases are in -100..100")
+    return bias
+
+
 #: OpenAI request fields edgecloud does not implement (yet): refused with a 400 that says so.
 UNSUPPORTED_FIELDS: dict[str, str] = {
     "functions": "the legacy 'functions' field is not supported; send the functions as 'tools' "
@@ -342,6 +357,10 @@ class ChatRequest(_Validated):
     max_completion_tokens: int | None = Field(default=None, gt=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    #: vLLM's extension: sample among the k most likely tokens only (0 or -1: all).
+    top_k: int | None = Field(default=None, ge=-1)
+    #: vLLM's extension: sample among tokens at least this fraction as likely as the top one.
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     stop: Union[str, list[str], None] = None
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
@@ -401,16 +420,7 @@ class ChatRequest(_Validated):
     @field_validator("logit_bias")
     @classmethod
     def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
-        if bias is None:
-            return None
-        if len(bias) > MAX_LOGIT_BIAS:
-            raise ValueError(f"at most {MAX_LOGIT_BIAS} tokens may be biased, got {len(bias)}")
-        for token, value in bias.items():
-            if not token.isdigit():
-                raise ValueError(f"keys are token ids written as strings (\"1234\"), got {token!r}")
-            if not -100.0 <= value <= 100.0:
-                raise ValueError(f"bias for token {token} is {value}; biases are in -100..100")
-        return bias
+        return check_bias(bias)
 
     @field_validator("response_format")
     @classmethod

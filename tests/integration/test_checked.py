@@ -46,12 +46,12 @@ class Doubting:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
-        for i, (token, p) in enumerate(self.inner.greedy(tokens, limit)):
+    def greedy(self, tokens: list[int], limit: int, picker: Any = None) -> Iterator[tuple[int, float]]:
+        for i, (token, p) in enumerate(self.inner.greedy(tokens, limit, picker)):
             yield token, (0.01 if i % 3 == 2 else p)
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
-        return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(self.inner.draft(tokens, k))]
+    def draft(self, tokens: list[int], k: int, picker: Any = None) -> list[int]:
+        return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(self.inner.draft(tokens, k, picker))]
 
 
 def client(edge: Any, url: str, **collab: Any) -> EdgeCloud:

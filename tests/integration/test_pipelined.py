@@ -24,7 +24,7 @@ pytest.importorskip("fastapi")
 from edgecloud import EdgeCloud
 from edgecloud.backend import Backend
 from edgecloud.types import ChatCompletionChunk
-from faults import ServeProcess, serving
+from faults import ServeProcess, WrongDrafts, serving
 
 KEY = "sk-test"
 SERVED = "smollm2-135m-instruct-q4"  # the name edgecloud serve gives the file
@@ -38,21 +38,6 @@ def edge(smollm2_path: Path) -> Iterator[Backend]:
 
     with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as backend:
         yield backend
-
-
-class Wrong:
-    """The edge, wrong in every third token of its greedy line (its drafts), slow when asked."""
-
-    def __init__(self, inner: Any, delay_s: float = 0.0) -> None:
-        self.inner, self.delay_s = inner, delay_s
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
-        for i, (token, p) in enumerate(self.inner.greedy(tokens, limit)):
-            time.sleep(self.delay_s)
-            yield (token if (i + 1) % 3 else (token + 1) % 1000), p
 
 
 def client(edge: Any, url: str, model: str = "m", **collab: Any) -> EdgeCloud:
@@ -79,7 +64,7 @@ def cloud(smollm2_path: Path) -> Iterator[str]:
 @pytest.mark.parametrize("overlap", [True, False], ids=["edge-drafts-during-checks", "sides-take-turns"])
 def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: Backend, cloud: str,
                                                                          overlap: bool) -> None:
-    with client(Wrong(edge), cloud) as c:
+    with client(WrongDrafts(edge), cloud) as c:
         for prompt in PROMPTS:
             alone = ask(c, prompt, route="cloud", collab="off")
             strict = ask(c, prompt, collab={"mode": "verified", "pipeline": False})
@@ -96,7 +81,7 @@ def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: B
 
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str, overlap: bool) -> None:
-    with client(Wrong(edge, delay_s=0.3), cloud, overlap=overlap) as c:  # an edge slower than the cloud's prefill
+    with client(WrongDrafts(edge, delay_s=0.3), cloud, overlap=overlap) as c:  # an edge slower than the cloud's prefill
         piped = ask(c, PROMPTS[0], max_tokens=12)
         strict = ask(c, PROMPTS[0], max_tokens=12, collab={"mode": "verified", "pipeline": False})
     first = next(ch for ch in piped if ch.text)
@@ -130,7 +115,7 @@ def test_a_cloud_killed_while_the_edge_is_ahead_leaves_the_edge_to_finish(edge: 
 
 
 def test_a_check_nobody_reads_is_dropped(edge: Backend, cloud: str) -> None:
-    with client(Wrong(edge, delay_s=0.05), cloud, overlap=True) as c:
+    with client(WrongDrafts(edge, delay_s=0.05), cloud, overlap=True) as c:
         stream = c.chat.completions.create(messages=[{"role": "user", "content": PROMPTS[1]}], max_tokens=40,
                                            temperature=0, stream=True)
         while not next(stream).text:  # the caller reads the first token, then walks away mid-answer
@@ -152,7 +137,7 @@ def test_failed_checks_count_on_the_breaker_and_an_open_one_is_not_asked(edge: B
               "fallback": {"max_retries": 0, "timeout_s": 30, "connect_timeout_s": 1, "failure_threshold": 2,
                            "cooldown_s": 60}}
     try:
-        with EdgeCloud(edge_backend=Wrong(edge), cloud_base_url=proc.url, cloud_model=SERVED, cloud_api_key=KEY,
+        with EdgeCloud(edge_backend=WrongDrafts(edge), cloud_base_url=proc.url, cloud_model=SERVED, cloud_api_key=KEY,
                        config=config) as c:
             chunks: list[ChatCompletionChunk] = []
             for chunk in c.chat.completions.create(messages=[{"role": "user", "content": PROMPTS[2]}], max_tokens=60,

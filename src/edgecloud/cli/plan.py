@@ -100,6 +100,7 @@ def plan_command(
             found.add_row(name, "[green]yes[/green]" if ok else "[red]no[/red]" if ok is False else "not tried")
         console.print(found)
         console.print(f"collab=auto runs {cloud['auto_mode']} mode: {cloud['why']}")
+        console.print(f"with temperature above 0: {cloud['auto_mode_sampled']} mode: {cloud['why_sampled']}")
 
 
 def _cloud(base_url: str | None, model: str | None, *, onnx: bool) -> dict[str, object] | None:
@@ -119,7 +120,10 @@ def _cloud(base_url: str | None, model: str | None, *, onnx: bool) -> dict[str, 
         found = backend.discover()
     table = found.table()
     runtime = "onnx" if onnx else "llamacpp"  # what plans a folder, what plans a GGUF file
-    mode, why = choose_mode(runtime=runtime, drafts=not onnx, logprobs=True, scores=bool(table["score"]) and
-                            table["token_ids"] is not False, continues=table["continue"] is not False,
-                            sessions=table["sessions"] is not False)
-    return {**found.snapshot(), "auto_mode": mode or "off", "why": why}
+    sides = dict(runtime=runtime, drafts=not onnx, logprobs=True, scores=bool(table["score"]) and
+                 table["token_ids"] is not False, continues=table["continue"] is not False,
+                 sessions=table["sessions"] is not False)
+    mode, why = choose_mode(**sides)  # type: ignore[arg-type]
+    sampled, sampled_why = choose_mode(**sides, couples=table["coupling"] is not False)  # type: ignore[arg-type]
+    return {**found.snapshot(), "auto_mode": mode or "off", "why": why,
+            "auto_mode_sampled": sampled or "off", "why_sampled": sampled_why}

@@ -7,7 +7,9 @@ edge may start, best first, and takes the first whose needs the sides meet:
    scores continuations by token id (:class:`~edgecloud.backend.Verifier`, and it has not refused
    ``score`` or ``token_ids``) in a token session (a cloud that holds none, as vLLM, would be sent
    the whole context at every check: many times the bill of asking it alone); nothing is redacted
-   (the cloud would see token ids);
+   (the cloud would see token ids); a request that samples needs every cloud to pick with the
+   shared noise (``coupling``: :mod:`edgecloud.runtime.coupling`), and one with presence or
+   frequency penalties is not verified (:func:`unverifiable`);
 2. ``token`` - the edge gives token logprobs and every cloud may continue an assistant message
    (it has not refused ``continue``): the cloud writes text spans where the edge is unsure;
 3. ``lead`` - anything else, a cloud that only chats included: the cloud opens each answer and the
@@ -25,8 +27,10 @@ from collections.abc import Sequence
 
 from ..backend import Backend, Drafter, Verifier
 from ..capabilities import Capability
+from ..runtime.coupling import answer_coupling
+from ..types import ChatRequest
 
-__all__ = ["auto_mode", "choose_mode", "may"]
+__all__ = ["answer_coupling", "auto_mode", "choose_mode", "may", "unverifiable"]
 
 
 def may(backend: Backend, name: Capability, *, probe: bool = False) -> bool:
@@ -37,33 +41,50 @@ def may(backend: Backend, name: Capability, *, probe: bool = False) -> bool:
     return backend.capabilities.find(name) if probe else backend.capabilities.may(name)
 
 
+def unverifiable(request: ChatRequest) -> str | None:
+    """The request field verified (and checked) mode cannot honour, or None: presence and frequency
+    penalties (each side would count a different history)."""
+    if request.presence_penalty:
+        return "presence_penalty"
+    return "frequency_penalty" if request.frequency_penalty else None
+
+
 def auto_mode(edge: Backend, clouds: Sequence[Backend], *, redacted: bool = False,
-              probe: bool = False) -> tuple[str | None, str]:
+              probe: bool = False, request: ChatRequest | None = None) -> tuple[str | None, str]:
     """The mode ``auto`` runs for an answer shared by ``edge`` and ``clouds``, and why (in words);
     None: one side answers. ``probe``: an endpoint not asked yet whether it continues text is
-    asked with one cheap request (where an answer already steps down, off the request's path)."""
+    asked with one cheap request (where an answer already steps down, off the request's path).
+    ``request``: how it samples decides whether the clouds must couple (see the module docstring)."""
     if not clouds:
         return None, "no cloud endpoint"
     scores = all(isinstance(c, Verifier) and may(c, "score") and may(c, "token_ids") for c in clouds)
     sessions = all(may(c, "sessions") for c in clouds)
+    sampled = request is not None and answer_coupling(request) is not None
+    couples = not sampled or all(may(c, "coupling", probe=probe) for c in clouds)
+    penalty = unverifiable(request) if request is not None else None
     drafts = isinstance(edge, Drafter)
-    checks = drafts and scores and sessions and not redacted
+    checks = drafts and scores and sessions and not redacted and couples and penalty is None
     continues = checks or all(may(c, "continue", probe=probe) for c in clouds)
     return choose_mode(runtime=edge.name, drafts=drafts, logprobs=edge.supports_logprobs, scores=scores,
-                       continues=continues, redacted=redacted, sessions=sessions)
+                       continues=continues, redacted=redacted, sessions=sessions, couples=couples, penalty=penalty)
 
 
 def choose_mode(*, runtime: str, drafts: bool, logprobs: bool, scores: bool, continues: bool,
-                redacted: bool = False, sessions: bool = True) -> tuple[str | None, str]:
+                redacted: bool = False, sessions: bool = True, couples: bool = True,
+                penalty: str | None = None) -> tuple[str | None, str]:
     """:func:`auto_mode` from what the sides can do: the edge runtime ``drafts`` token ids and gives
     ``logprobs``; every cloud ``scores`` continuations by token id, holds token ``sessions`` (else
-    every check would send the whole context again: vLLM) and ``continues`` text."""
-    if drafts and scores and sessions and not redacted:
+    every check would send the whole context again: vLLM), ``couples`` (samples with the shared
+    noise, or the request is greedy) and ``continues`` text; ``penalty``: a request field that
+    verified mode cannot honour."""
+    if drafts and scores and sessions and couples and penalty is None and not redacted:
         return "verified", "the edge drafts token ids and the cloud scores them"
     why = ("the conversation is redacted (token ids would leak it)" if redacted else
            "the cloud does not score continuations" if not scores else
            f"the {runtime} runtime drafts no token ids" if not drafts else
-           "the cloud holds no token sessions (every check would send the whole context again)")
+           "the cloud holds no token sessions (every check would send the whole context again)" if not sessions else
+           f"the request's {penalty} needs one history per side" if penalty is not None else
+           "the request samples and the cloud does not draw with the edge's noise (coupling)")
     if logprobs and continues:
         return "token", f"{why}; it continues text"
     if not continues:

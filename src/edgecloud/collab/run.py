@@ -74,7 +74,8 @@ class AnswerRun:
         now that ``by`` refused an extension; called before anything of it was shown."""
         edge = self.edge
         assert edge is not None
-        name, why = auto_mode(edge.backend, [a.backend for a in self.clouds], redacted=self.redacted, probe=True)
+        name, why = auto_mode(edge.backend, [a.backend for a in self.clouds], redacted=self.redacted, probe=True,
+                              request=self.request)
         mode = MODES[name or "off"]
         self.recorder.note("collab_mode", f"{by.label or by.backend.name} refused {refused.extension!r}: "
                                           f"{mode.name} mode instead ({why})")

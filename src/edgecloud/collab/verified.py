@@ -42,8 +42,17 @@ backend) and edge and cloud models that share a tokenizer; anything else is a
 :class:`~edgecloud.errors.ConfigError`. An endpoint that refuses to score (a hosted chat API) or
 names other token ids is remembered in its capabilities; under ``collab="auto"`` an answer it
 refused before showing anything is written by the next mode :mod:`.auto` ranks, one it refused
-later goes on on the edge alone (a route note says which). Sampling parameters are ignored: both
-modes are greedy.
+later goes on on the edge alone (a route note says which).
+
+**Sampling** (``temperature`` above 0, as OpenAI's default of 1 when left out; ``top_p``,
+``top_k``, ``min_p``, ``logit_bias``, ``seed``): both sides pick with the same noise
+(:mod:`edgecloud.runtime.coupling`): per answer a seed, per position Gumbel noise from it; a
+drafted token is kept where the cloud's own draw equals it. Each token is then the cloud's own
+draw, so the answer is distributed exactly as the cloud's alone — and with a ``seed`` it is the
+very text ``edgecloud serve`` writes alone (its sampler is the same scheme). A cloud that does
+not draw with the shared noise (vLLM ignores the fields) refuses ``coupling``: under ``auto`` a
+sampled answer moves to a mode where the cloud samples itself; never a silent greedy answer.
+Presence and frequency penalties are not verified (each side would count another history).
 A cloud that fails mid-answer leaves the edge to finish alone (``route.fallbacks`` says so); an
 edge that fails hands the rest to the cloud.
 """
@@ -60,15 +69,16 @@ from urllib.parse import urlsplit
 
 from ..answer import Part
 from ..backend import Backend, Drafter, Verifier, close_stream
-from ..errors import ConfigError, ExtensionUnsupportedError, VocabularyMismatchError
+from ..errors import ConfigError, ExtensionUnsupportedError, InvalidRequestError, VocabularyMismatchError
 from ..fallback import Attempt
 from ..observability.cost import forward_passes
+from ..runtime.coupling import SCHEME, Picker
 from ..runtime.hardware import cpu_budget
 from ..runtime.scoring import Scored, TokenSession
 from ..runtime.speculative import Acceptance, accept_prefix, best_k, expected_tokens
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
-from .auto import may
+from .auto import answer_coupling, may, unverifiable
 from .run import AnswerRun, SharedAnswer, SharedMode, register_mode
 
 __all__ = ["CheckedMode", "DraftAndCheck", "VerifiedMode", "can_score", "choose_k"]
@@ -214,11 +224,12 @@ def shares_cpu(url: str) -> bool:
 
 
 class _Line:
-    """The edge's greedy line after the written answer (``context``): ``tokens`` drafted ahead,
-    one open greedy stream on the edge while the line goes on unbroken."""
+    """The edge's line after the written answer (``context``): ``tokens`` drafted ahead (greedy,
+    or the picks of a picker from ``picker()``), one open stream on the edge while the line goes
+    on unbroken."""
 
-    def __init__(self, edge: Drafter, context: list[int]) -> None:
-        self.edge, self.context = edge, list(context)
+    def __init__(self, edge: Drafter, context: list[int], picker: Callable[[], Picker | None] = lambda: None) -> None:
+        self.edge, self.context, self.picker = edge, list(context), picker
         self.tokens: list[int] = []
         self.ended = False  # the line reached an end-of-answer token
         self.seconds = 0.0
@@ -233,7 +244,7 @@ class _Line:
                 if room < 1:
                     self.ended = True
                     break
-                self._stream = _edge_stream(self.edge.greedy(self.context + self.tokens, room))
+                self._stream = _edge_stream(self.edge.greedy(self.context + self.tokens, room, self.picker()))
             token = next(self._stream, None)
             if token is None:  # the stream reached the context's end
                 self._stream = None
@@ -280,6 +291,8 @@ class DraftAndCheck(SharedAnswer):
         self.max_calls = run.settings.max_calls
         self.draft_min = run.settings.draft_min
         self.session = TokenSession()
+        #: How the answer samples (None: greedy): both sides pick with the same noise.
+        self.coupling = answer_coupling(self.request)
         self.text = ""
         self._stream = TextStream(self.request.stop_sequences)
         self.finish: FinishReason | None = None
@@ -287,6 +300,10 @@ class DraftAndCheck(SharedAnswer):
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         if self.request.continue_final_message:
             raise ConfigError(f"collab={self.mode!r} starts answers; to continue a partial answer use collab='token'")
+        refused = unverifiable(self.request)
+        if refused is not None:
+            raise InvalidRequestError(f"collab={self.mode!r} cannot apply '{refused}' (the sides would pick with "
+                                      f"different histories): leave it out, or use collab='token'", param=refused)
         pipelined = self.trust is None and self.settings.pipeline
         try:
             if pipelined and self._overlaps():
@@ -336,7 +353,7 @@ class DraftAndCheck(SharedAnswer):
                         break
                 k = max(1, min(k, budget - len(ids)))
                 if len(block) < k and not (block and edge.is_end(block[-1])):
-                    block += _on_edge(edge.draft, prompt + ids + block, k - len(block))
+                    block += _on_edge(edge.draft, prompt + ids + block, k - len(block), self._picker())
             edge_s = time.perf_counter() - started
             edge_part.seconds += edge_s
             attempt = self.cloud_attempt() if self._calls_left() else None
@@ -359,8 +376,7 @@ class DraftAndCheck(SharedAnswer):
                     break
             k = max(self.draft_min, choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max))
         yield from self.emit("edge", self._stream.flush())
-        calls = self.recorder.cloud_calls
-        self.recorder.note("verified_rounds", f"checked by the cloud in {calls} rounds", calls)
+        self._rounds_done("rounds")
         yield from self.final(self.finish or "length")
 
     def _pipelined(self) -> Iterator[ChatCompletionChunk]:
@@ -370,7 +386,7 @@ class DraftAndCheck(SharedAnswer):
         ids: list[int] = []
         acceptance, cost = Acceptance(PRIOR_ACCEPTANCE), _RoundCost()
         k_max = self.settings.draft_max
-        line = _Line(self.drafter, prompt)
+        line = _Line(self.drafter, prompt, self._picker)
         flight: _Flight | None = None
         first = self.settings.cloud_first_token and budget > 0
         try:
@@ -422,9 +438,23 @@ class DraftAndCheck(SharedAnswer):
                 flight.drop()
             edge_part.seconds += line.seconds
         yield from self.emit("edge", self._stream.flush())
-        calls = self.recorder.cloud_calls
-        self.recorder.note("verified_rounds", f"checked by the cloud in {calls} pipelined rounds", calls)
+        self._rounds_done("pipelined rounds")
         yield from self.final(self.finish or "length")
+
+    def _picker(self) -> Picker | None:
+        """What the edge drafts with from the written answer on: None (greedy) or the coupling."""
+        return self.coupling
+
+    def _rounds_done(self, kind: str) -> None:
+        """The route notes of a finished answer: how it sampled, and in how many rounds."""
+        c = self.coupling
+        if c is not None and not c.greedy:
+            self.recorder.note("sampling", f"sampled with shared noise ({SCHEME}; temperature {c.temperature:g}, "
+                                           f"top_p {c.top_p:g}{f', top_k {c.top_k}' if c.top_k > 0 else ''}"
+                                           f"{f', min_p {c.min_p:g}' if c.min_p else ''}): every token is the "
+                                           "cloud's own draw", c.temperature)
+        calls = self.recorder.cloud_calls
+        self.recorder.note("verified_rounds", f"checked by the cloud in {calls} {kind}", calls)
 
     def _refused(self, attempt: Attempt, refused: ExtensionUnsupportedError) -> None:
         """The endpoint refused to check (it cannot score, or names other token ids). Under
@@ -458,7 +488,7 @@ class DraftAndCheck(SharedAnswer):
         the first it is unsure of goes into ``block`` (to be drafted on from and checked)."""
         assert self.trust is not None
         edge = self.drafter
-        tokens = _edge_stream(edge.greedy(prompt + ids, budget - len(ids)))
+        tokens = _edge_stream(edge.greedy(prompt + ids, budget - len(ids), self._picker()))
         try:
             for token, p in tokens:
                 if p < self.trust and self._calls_left() and any(a.breaker.available() for a in self.clouds):
@@ -534,7 +564,7 @@ class DraftAndCheck(SharedAnswer):
                     compare()
                 except Exception as exc:  # noqa: BLE001 - told apart from the check's own failure
                     raise _VocabRefused(exc) from exc
-            return verifier.score_in(self.session, context, start=len(tokens), top_n=1)
+            return verifier.score_in(self.session, context, start=len(tokens), top_n=1, coupling=self.coupling)
 
         started = time.perf_counter()
         if wait:
@@ -573,12 +603,12 @@ class DraftAndCheck(SharedAnswer):
         attempt.breaker.success()
         part.prompt_tokens += scored.sent
         part.cached_tokens += scored.cached
-        part.completion_tokens += 1  # the round's greedy next token, generated and billed
+        part.completion_tokens += 1  # the round's next token, generated and billed
         part.passes += forward_passes(scored.sent - scored.cached, 1)
         part.seconds += time.perf_counter() - flight.started
         scores, nxt, draft = scored.scores, scored.next, flight.block
-        kept = accept_prefix(draft, [s.argmax for s in scores])
-        extra = scores[kept].argmax if kept < len(draft) else nxt.token
+        kept = accept_prefix(draft, [s.choice for s in scores])  # the cloud's greedy choice, or its coupled draw
+        extra = scores[kept].choice if kept < len(draft) else nxt.token
         self.span_done("verified", 1, time.perf_counter() - flight.started)
         return draft[:kept], extra
 
@@ -603,7 +633,7 @@ class VerifiedMode(SharedMode):
 
     name = "verified"
     can_redact = False
-    describe = "the edge drafts, the cloud verifies every draft (its greedy answer, token for token)"
+    describe = "the edge drafts, the cloud verifies every draft (its own answer, token for token)"
     answer = DraftAndCheck
 
 

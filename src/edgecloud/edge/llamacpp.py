@@ -46,7 +46,7 @@ from ..backend import TemplatedBackend
 from ..errors import BackendError, BackendUnavailableError, ConfigError, EdgeCloudError, ModelIntegrityError
 from ..runtime.chat_template import ChatTemplate
 from ..runtime.spec_control import SpecState
-from ..runtime.chunks import AnswerChunks, answer_budget, log_partition, top_tokens
+from ..runtime.chunks import AnswerChunks, answer_budget, log_partition
 from ..runtime.gguf import read_gguf_spec
 from ..runtime.hardware import cpu_signature
 from ..runtime.llama_cpp import import_llama_cpp, physical_cores, token_piece
@@ -55,7 +55,8 @@ from ..runtime.kv_disk import KVEvents, StateKey
 from ..runtime.kv_tiers import KVTierCounts, LlamaKVTiers
 from ..runtime.prefix_cache import PrefixCache, common_prefix_len_np
 from ..runtime.sampling import SamplingParams, sampling_params
-from ..runtime.scoring import TokenScore, check_token_ids
+from ..runtime.coupling import Coupling, Picker
+from ..runtime.scoring import TokenScore, check_token_ids, score_rows
 from ..runtime.stats import RuntimeStats
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
@@ -577,25 +578,25 @@ class LlamaCppBackend(TemplatedBackend):
         """Whether ``token`` ends generation (end of turn / end of text)."""
         return bool(self._lib.llama_vocab_is_eog(self._loaded_vocab(), token))
 
-    def draft(self, tokens: list[int], k: int) -> list[int]:
-        """The next ``k`` greedy tokens after ``tokens`` (fewer when one ends generation; it is
-        included). The context keeps ``tokens`` and the draft, so the next call that shares a
-        prefix with them evaluates only what is new."""
+    def draft(self, tokens: list[int], k: int, picker: Picker | None = None) -> list[int]:
+        """The next ``k`` tokens after ``tokens`` (fewer when one ends generation; it is included):
+        greedy, or ``picker``'s picks. The context keeps ``tokens`` and the draft, so the next
+        call that shares a prefix with them evaluates only what is new."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         out: list[int] = []
-        for token, _ in self.greedy(tokens, k):
+        for token, _ in self.greedy(tokens, k, picker):
             out.append(token)
             if len(out) >= k:
                 break
         return out
 
-    def greedy(self, tokens: list[int], limit: int) -> Iterator[tuple[int, float]]:
-        """The greedy continuation of ``tokens``, one ``(token, probability)`` at a time (the model's
-        probability of its own choice: how sure it is), at most ``limit`` tokens and ending with
-        an end-of-generation token when one comes. The runtime is held while the iterator is
-        open; the context keeps what was decoded, so a later call sharing the prefix evaluates
-        only what is new."""
+    def greedy(self, tokens: list[int], limit: int, picker: Picker | None = None) -> Iterator[tuple[int, float]]:
+        """The continuation of ``tokens``, one ``(token, probability)`` at a time (the model's
+        probability of its own choice: how sure it is): greedy, or ``picker``'s pick at each
+        position (a coupled draw, a grammar-held pick). At most ``limit`` tokens, ending with an end-of-generation token when one
+        comes. The runtime is held while the iterator is open; the context keeps what was
+        decoded, so a later call sharing the prefix evaluates only what is new."""
         if limit < 1:
             raise ConfigError(f"limit must be >= 1, got {limit}")
         with self._serving():
@@ -607,20 +608,22 @@ class LlamaCppBackend(TemplatedBackend):
             room = min(limit, self.n_ctx - len(tokens))
             for n in range(1, room + 1):
                 logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
-                token = int(logits.argmax())
+                token = int(logits.argmax()) if picker is None else picker.pick(logits, len(tokens) + n - 1)
                 yield token, math.exp(float(logits[token]) - log_partition(logits))
                 if n == room or lib.llama_vocab_is_eog(self._vocab, token):
                     return
                 llm.eval([token])
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
+              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
         """How this model scores ``tokens[start:]`` given what precedes each, in one forward pass
-        over the new positions, and its greedy next token after all of them.
+        over the new positions, and its next token after all of them (greedy, or ``coupling``'s
+        pick, with the picks at every position).
 
         Returns one :class:`~edgecloud.runtime.scoring.TokenScore` per scored position (the
-        token's logprob and the ``top_n`` best alternatives) and the score of the argmax token
-        that would follow. ``tokens[:start]`` reuses the context's KV where it can (the
-        prefix cache), so scoring a growing answer costs only its new tokens.
+        token's logprob and the ``top_n`` best alternatives) and the score of the token that
+        would follow. ``tokens[:start]`` reuses the context's KV where it can (the prefix
+        cache), so scoring a growing answer costs only its new tokens.
         """
         if not 1 <= start <= len(tokens):
             raise ConfigError(f"start must be in 1..{len(tokens)}, got {start}")
@@ -630,27 +633,18 @@ class LlamaCppBackend(TemplatedBackend):
             self._started += 1
             self._prefill(tokens[:start])
             ctx, lib, n_vocab = llm.ctx, self._lib, self._n_vocab
-            last = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,))
             scores: list[TokenScore] = []
+            pending = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, -1), shape=(n_vocab,)).copy()
             rest = tokens[start:]
-            pending = last.copy()
-            for first in range(0, len(rest), max(1, llm.n_batch)):
+            for first in range(0, len(rest), max(1, llm.n_batch)):  # scored a batch at a time (bounded memory)
                 batch = rest[first: first + llm.n_batch]
-                scores.append(self._score_row(pending, batch[0], top_n))  # predicted before this batch
                 _eval_rows(llm, batch)
-                for row in range(len(batch)):
-                    logits = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
-                    if row + 1 < len(batch):
-                        scores.append(self._score_row(logits, batch[row + 1], top_n))
-                    else:
-                        pending = logits.copy()
-            nxt = int(pending.argmax())
-            return scores, self._score_row(pending, nxt, top_n)
-
-    def _score_row(self, logits: Any, token: int, top_n: int) -> TokenScore:
-        log_z = log_partition(logits)
-        return TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z),
-                          top=top_tokens(logits, top_n, log_z))
+                rows = [pending] + [np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
+                                    for row in range(len(batch) - 1)]
+                done, last = score_rows(rows, tokens, start + first, top_n, coupling)
+                scores += [*done, last]
+                pending = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, len(batch) - 1), shape=(n_vocab,)).copy()
+            return scores, score_rows([pending], tokens, len(tokens), top_n, coupling)[1]
 
     # ------------------------------------------------------------------ sampling
 

@@ -87,6 +87,7 @@ from ..errors import (
     ScoringUnsupportedError,
     SessionExpiredError,
 )
+from ..runtime.coupling import SCHEME, Coupling
 from ..runtime.scoring import Scored, TokenScore, TokenSession
 from .wire import EventReader, error_fields, translate, usage_counts, wait_hint
 from ..types import (
@@ -114,6 +115,10 @@ _EXTENSION_FIELDS: dict[Capability, tuple[str, ...]] = {
     "tools": ("tools", "tool_choice", "parallel_tool_calls"),
     "logprobs": ("logprobs", "top_logprobs"),
 }
+
+
+#: The fields a coupled check adds to a scoring request (:meth:`Coupling.wire <edgecloud.runtime.coupling.Coupling.wire>`).
+_COUPLING_FIELDS = ("coupling", "seed", "temperature", "top_p", "top_k", "min_p", "logit_bias")
 
 
 def _extensions(body: dict[str, Any]) -> list[Capability]:
@@ -397,6 +402,16 @@ class CloudBackend(Backend):
             return False
         return True
 
+    def _accepts_scoring(self, body: dict[str, Any]) -> bool:
+        """Whether the endpoint takes the scoring request ``body`` without its coupling fields (and
+        outside any session): then what it refused was the coupling."""
+        plain = {k: v for k, v in body.items() if k not in _COUPLING_FIELDS and k != "session"}
+        try:
+            self._post({**plain, "temperature": 0}, f"{self.base_url}/completions").close()
+        except (InvalidRequestError, ModelNotFoundError, BackendError):
+            return False
+        return True
+
     def _which_refused(self, body: dict[str, Any], exc: EdgeCloudError) -> ExtensionUnsupportedError | None:
         """After ``body`` was refused: the extension the endpoint refused (learned by trying the
         request without it, one token long), or None when it refuses the request itself."""
@@ -408,7 +423,8 @@ class CloudBackend(Backend):
         return self._refused_as(present, exc)
 
     def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool,
-                 session: TokenSession | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 session: TokenSession | None = None,
+                 coupling: Coupling | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """One scoring request (see :meth:`score`): the response's ``logprobs`` object (its arrays
         aligned with ``tokens`` plus the next token, ``None`` where a position was not sent), and
         the whole response. In a ``session`` only the tokens the server does not hold are sent."""
@@ -422,15 +438,23 @@ class CloudBackend(Backend):
                                 "score_from": start}
         if session is not None:
             body["session"] = {"id": session.id, "base": base}
+        if coupling is not None:
+            if not self.capabilities.may("coupling"):
+                raise ExtensionUnsupportedError(f"{url} does not sample in step with the edge: "
+                                                f"{self.capabilities.why('coupling')}", extension="coupling")
+            body.update(coupling.wire())
         try:
             response = self._post(body, url)
         except SessionExpiredError:
             assert session is not None
             session.lost()
-            return self._scoring(tokens, start, top_n, as_ids, session)
+            return self._scoring(tokens, start, top_n, as_ids, session, coupling)
         except (InvalidRequestError, ModelNotFoundError, BackendError) as exc:
             if isinstance(exc, ContextOverflowError) or (isinstance(exc, BackendError) and not self._chats_but_fails(exc)):
                 raise
+            if coupling is not None and isinstance(exc, InvalidRequestError) and self._accepts_scoring(body):
+                self.capabilities.refuse("coupling", str(exc))
+                raise ExtensionUnsupportedError(f"{url} refused a coupled check: {exc}", extension="coupling") from exc
             self.capabilities.refuse("score", str(exc))
             raise ScoringUnsupportedError(
                 f"{url} cannot score a continuation (echo + logprobs on /completions): {exc}; use collab='token', or "
@@ -449,14 +473,20 @@ class CloudBackend(Backend):
                                                              "every check sends the whole context")
                     session.held = int(held["tokens"]) if isinstance(held, dict) else 0
                     # a server that holds sessions echoes only what was sent: align with ``tokens``
-                    logprobs = {key: [None] * base + list(logprobs[key]) for key in ("tokens", "token_logprobs",
-                                                                                      "top_logprobs")}
+                    logprobs = {**logprobs, **{key: [None] * base + list(logprobs[key])
+                                               for key in ("tokens", "token_logprobs", "top_logprobs")}}
+                picks = logprobs.get("picks") if coupling is not None else None
+                coupled = coupling is not None and answer.get("coupling") == SCHEME and isinstance(picks, list)
+                if coupled:
+                    self.capabilities.allow("coupling")
+                    logprobs["picks"] = [None] * base + list(picks)
                 if len(logprobs["tokens"]) < len(tokens) + 1 or len(logprobs["top_logprobs"]) < len(tokens) + 1:
                     said = f"{url} did not return the echoed prompt and the greedy next token (max_tokens=1 with echo)"
                     self.capabilities.refuse("score", said)
                     raise ScoringUnsupportedError(said)
                 self.capabilities.allow("score")
-                return logprobs, answer
+            except EdgeCloudError:
+                raise  # typed where it happened (a refusal), not a malformed answer
             except (ValueError, KeyError, IndexError, TypeError) as exc:
                 raise BackendError(f"{url} answered a scoring request without token logprobs",
                                    cause="malformed_stream") from exc
@@ -464,6 +494,11 @@ class CloudBackend(Backend):
                 response.close()
         except httpx.HTTPError as exc:
             raise BackendError(f"the scoring answer from {url} broke: {exc}", cause="disconnected") from exc
+        if coupling is not None and not coupled:
+            said = f"{url} answered a coupled check without its picks under {SCHEME!r} (it ignores the fields)"
+            self.capabilities.refuse("coupling", said)
+            raise ExtensionUnsupportedError(said, extension="coupling")
+        return logprobs, answer
 
     def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
         """How the endpoint's model scores ``tokens[start:]``, and its greedy next token.
@@ -476,11 +511,15 @@ class CloudBackend(Backend):
         scored = self.score_in(None, tokens, start=start, top_n=top_n)
         return scored.scores, scored.next
 
-    def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1) -> Scored:
+    def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
+                 coupling: Coupling | None = None) -> Scored:
         """:meth:`score` in a token ``session``: only what the server does not hold is sent (the
-        whole context when it holds nothing, or lost the session); with what the round cost."""
-        logprobs, answer = self._scoring(tokens, start, top_n, True, session)
+        whole context when it holds nothing, or lost the session); with what the round cost.
+        ``coupling``: the server picks each position's token with that sampler (its next token is
+        its pick); an endpoint that does not raises ExtensionUnsupportedError (``coupling``)."""
+        logprobs, answer = self._scoring(tokens, start, top_n, True, session, coupling)
         raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
+        picks = logprobs.get("picks") if coupling is not None else None
 
         def token_id(name: str) -> int:
             if not name.startswith("token_id:"):
@@ -492,8 +531,9 @@ class CloudBackend(Backend):
         scores = []
         for i in range(start, len(tokens) + 1):
             top = sorted(((token_id(k), float(v)) for k, v in (raw_tops[i] or {}).items()), key=lambda kv: -kv[1])
+            pick = int(picks[i]) if picks is not None and i < len(picks) and picks[i] is not None else None
             scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0),
-                                     top=top[:max(1, top_n)]))
+                                     top=top[:max(1, top_n)], pick=pick))
         usage = usage_counts(answer.get("usage") or {})
         return Scored(scores[:-1], scores[-1], sent=usage["prompt_tokens"], cached=usage["cached_tokens"],
                       held=int((answer.get("usage") or {}).get("context_tokens") or 0))
@@ -501,9 +541,10 @@ class CloudBackend(Backend):
     def _probe(self, name: Capability) -> None:
         """Learn ``name`` with one cheap request (a few tokens in, one out); what a real request
         would have learned is learned the same way (see :mod:`edgecloud.capabilities`)."""
-        if name in ("score", "token_ids", "sessions"):
+        if name in ("score", "token_ids", "sessions", "coupling"):
             with contextlib.suppress(ExtensionUnsupportedError):
-                self.score_in(TokenSession(), [0, 1, 2], start=1, top_n=1)
+                self.score_in(TokenSession(), [0, 1, 2], start=1, top_n=1,
+                              coupling=Coupling(seed=0) if name == "coupling" else None)
             return
         hello = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello"}]
         body: dict[str, Any] = {"model": self.model, "messages": hello, "max_tokens": 1, "stream": True}
@@ -558,6 +599,8 @@ class CloudBackend(Backend):
         """Probe every capability not known yet (a few one-token requests; ``edgecloud plan``)."""
         for name in ("score", "continue", "logprobs"):
             self.capabilities.find(name)  # type: ignore[arg-type]
+        if self.capabilities.known("score"):
+            self.capabilities.find("coupling")
         return self.capabilities
 
     def token_texts(self, tokens: list[int]) -> list[str]:

@@ -35,8 +35,9 @@ from typing import Any, Literal, Protocol, runtime_checkable
 from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
+from .coupling import SCHEME, Coupling
 from .scoring import TokenScore
-from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_stop, check_text, now
+from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_bias, check_stop, check_text, now
 
 __all__ = [
     "SessionInfo",
@@ -81,6 +82,10 @@ class CompletionRequest(_Validated):
     max_tokens: int | None = Field(default=DEFAULT_COMPLETION_TOKENS, ge=0)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    #: vLLM's extension: sample among the k most likely tokens only (0 or -1: all).
+    top_k: int | None = Field(default=None, ge=-1)
+    #: vLLM's extension: sample among tokens at least this fraction as likely as the top one.
+    min_p: float | None = Field(default=None, ge=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)
     stream: bool = False
@@ -101,6 +106,11 @@ class CompletionRequest(_Validated):
     ignore_eos: bool = False
     #: edgecloud's extension: continue a token session (the prompt must be token ids).
     session: SessionRef | None = None
+    #: edgecloud's extension: with ``echo``, pick each scored position's token with this shared-noise
+    #: sampler (:data:`edgecloud.runtime.coupling.SCHEME`; ``seed`` and the sampling fields say how).
+    coupling: str | None = None
+    #: Token id (as a string) -> bias added to its logit (with ``coupling``).
+    logit_bias: dict[str, float] | None = None
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -122,6 +132,11 @@ class CompletionRequest(_Validated):
     def _stop_strings(cls, stop: Any) -> Any:
         return check_stop(stop)
 
+    @field_validator("logit_bias")
+    @classmethod
+    def _bias(cls, bias: dict[str, float] | None) -> dict[str, float] | None:
+        return check_bias(bias)
+
     @model_validator(mode="after")
     def _supported(self) -> CompletionRequest:
         unsupported = {
@@ -138,6 +153,19 @@ class CompletionRequest(_Validated):
             raise InvalidRequestError("max_tokens=0 only makes sense with echo=true (scoring the prompt)", param="max_tokens")
         if self.score_from is not None and not self.echo:
             raise InvalidRequestError("score_from needs echo=true and logprobs", param="score_from")
+        if self.coupling is not None:
+            if not self.scoring:
+                raise InvalidRequestError("coupling picks the scored positions' tokens: send it with echo=true and "
+                                          "logprobs (a scoring request)", param="coupling")
+            if self.coupling != SCHEME:
+                raise InvalidRequestError(f"unknown coupling {self.coupling!r}; this server samples with {SCHEME!r}",
+                                          param="coupling")
+            if self.seed is None and self.temperature != 0.0:
+                raise InvalidRequestError("a coupled check needs the answer's seed (both sides draw the same noise "
+                                          "from it); set seed", param="seed")
+        elif self.logit_bias and self.scoring:
+            raise InvalidRequestError("logit_bias in a scoring request needs coupling (the picks it changes)",
+                                      param="logit_bias")
         if self.session is not None and self.token_ids is None:
             raise InvalidRequestError("a session continues token ids: send the prompt as a list of token ids",
                                       param="session")
@@ -177,6 +205,9 @@ class CompletionLogprobs(BaseModel):
     token_logprobs: list[float | None] = Field(default_factory=list)
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
     text_offset: list[int] = Field(default_factory=list)
+    #: edgecloud's extension (a coupled scoring request): the model's own pick at each echoed
+    #: position, by token id (``null`` where a position was not scored).
+    picks: list[int | None] | None = None
 
 
 class CompletionChoice(BaseModel):
@@ -193,6 +224,8 @@ class Completion(Envelope):
     route: RouteInfo | None = None
     #: edgecloud's extension: what the server holds for the request's session afterwards.
     session: SessionInfo | None = None
+    #: edgecloud's extension: the sampler a coupled scoring request's picks were drawn with.
+    coupling: str | None = None
 
 
 #: Streamed pieces have the same shape as the whole answer (as OpenAI sends them).
@@ -224,8 +257,9 @@ class ScoringBackend(Protocol):
         """The bytes a token stands for."""
         ...
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
-        """Scores of ``tokens[start:]`` and the greedy next token."""
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
+              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+        """Scores of ``tokens[start:]`` and the next token (greedy, or ``coupling``'s pick)."""
         ...
 
 
@@ -240,8 +274,10 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     if (request.max_tokens or 0) > 1:
         raise InvalidRequestError("with echo, max_tokens may be 0 (score only) or 1 (and the greedy next token)",
                                   param="max_tokens")
-    if request.temperature not in (None, 0.0):
-        raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0", param="temperature")
+    coupling = Coupling.of(request) if request.coupling is not None else None
+    if coupling is None and request.temperature not in (None, 0.0):
+        raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0 (or send coupling, "
+                                  "with the seed, for sampled picks)", param="temperature")
     tokens = context if context is not None else request.token_ids
     if tokens is None:
         tokens = backend.tokenize_text(request.text)
@@ -249,7 +285,8 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     if start > len(tokens):
         raise InvalidRequestError(f"score_from={start} is past the prompt's {len(tokens)} tokens", param="score_from")
     top_n, as_ids = request.logprobs or 0, request.return_tokens_as_token_ids
-    scores, nxt = backend.score(tokens, start=start, top_n=top_n)
+    scores, nxt = (backend.score(tokens, start=start, top_n=top_n, coupling=coupling) if coupling is not None
+                   else backend.score(tokens, start=start, top_n=top_n))
     generated = [nxt] if request.max_tokens else []
     echoed = tokens + [g.token for g in generated]
     known: dict[int, bytes] = {}  # each distinct token's bytes, asked of the runtime once
@@ -272,8 +309,11 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     for raw in pieces:
         offsets.append(at)
         at += len(raw.decode("utf-8", errors="replace"))
+    picks: list[int | None] | None = None
+    if coupling is not None:
+        picks = ([None] * start + [s.pick for s in [*scores, *generated]])[held:]
     logprobs = CompletionLogprobs(tokens=[name(t) for t in echoed], token_logprobs=token_logprobs, top_logprobs=tops,
-                                  text_offset=offsets)
+                                  text_offset=offsets, picks=picks)
     n_in, n_out = len(tokens) - held, len(generated)
     return Completion(
         id=new_text_completion_id(), created=now(), model=model,
@@ -281,4 +321,5 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
                                   finish_reason="length")],
         usage=Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out,
                     context_tokens=held if context is not None else None),
+        coupling=request.coupling,
     )

@@ -16,10 +16,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidRequestError
+from .coupling import Coupling, new_seed
 from .grammar_mask import GrammarMask, grammar_stage
 from .sampling import PENALTY_LAST_N, SamplingParams, check_logit_bias
 
-__all__ = ["GreedyGrammarSampler", "grammar_stage", "make_sampler", "needs_sampler"]
+__all__ = ["CoupledSampler", "GreedyGrammarSampler", "grammar_stage", "make_sampler", "needs_sampler"]
 
 
 class GreedyGrammarSampler:
@@ -45,22 +46,44 @@ class GreedyGrammarSampler:
         self.mask.close()
 
 
+class CoupledSampler:
+    """Sampling with the shared-noise scheme (:class:`~edgecloud.runtime.coupling.Coupling`): what
+    the serving engine samples with (:func:`make_sampler` with ``coupled``), so that a request's
+    ``seed`` gives the same text asked of the cloud alone and verified with an edge.
+    :meth:`pick` takes a logits row and the position of the token it predicts."""
+
+    def __init__(self, params: SamplingParams) -> None:
+        self.coupling = Coupling(seed=new_seed() if params.seed is None else params.seed,
+                                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
+                                 min_p=params.min_p, bias=params.logit_bias)
+
+    def pick(self, logits: Any, position: int) -> int:
+        return self.coupling.pick(logits, position)
+
+    def close(self) -> None:
+        pass
+
+
 def needs_sampler(params: SamplingParams) -> bool:
     """Whether ``params`` need a sampler chain (anything but plain greedy)."""
     return not (params.greedy and not params.penalised and not params.logit_bias and params.grammar is None)
 
 
-def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> Any:
+def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams, *, coupled: bool = False) -> Any:
     """A llama.cpp sampler chain for ``params`` (a ``LlamaSampler``; ``close()`` it), or None for
-    plain greedy. Raises :class:`~edgecloud.errors.InvalidRequestError` for a ``logit_bias`` token
-    outside the vocabulary and a grammar llama.cpp cannot compile (``response_format``)."""
+    plain greedy. ``coupled``: a request that samples without penalties or a grammar gets a
+    :class:`CoupledSampler` instead (the serving engine). Raises
+    :class:`~edgecloud.errors.InvalidRequestError` for a ``logit_bias`` token outside the
+    vocabulary and a grammar llama.cpp cannot compile (``response_format``)."""
     if not needs_sampler(params):
         return None
     if params.grammar is not None and params.greedy and not params.penalised and not params.logit_bias:
         return GreedyGrammarSampler(lib, vocab, n_vocab, params)
+    check_logit_bias(params, n_vocab)
+    if coupled and not params.greedy and not params.penalised and params.grammar is None:
+        return CoupledSampler(params)
     from llama_cpp._internals import LlamaSampler
 
-    check_logit_bias(params, n_vocab)
     sampler = LlamaSampler()
     presence, frequency = params.presence_penalty, params.frequency_penalty
     if presence or frequency:
@@ -78,8 +101,12 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> 
         sampler.add_greedy()
         return sampler
     sampler.add_temp(params.temperature)
+    if params.top_k > 0:
+        sampler.add_top_k(params.top_k)
     if params.top_p < 1.0:
         sampler.add_top_p(params.top_p, 1)
+    if params.min_p > 0.0:
+        sampler.add_min_p(params.min_p, 1)
     if params.seed is None:
         seed = lib.LLAMA_DEFAULT_SEED  # llama.cpp draws a random seed
     else:

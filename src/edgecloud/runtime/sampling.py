@@ -53,6 +53,9 @@ class SamplingParams:
     max_new_tokens: int
     temperature: float = 0.0
     top_p: float = 1.0
+    #: Sample among the k most likely tokens (0: all); among those at least ``min_p`` as likely as the top one.
+    top_k: int = 0
+    min_p: float = 0.0
     seed: int | None = None
     stop_at_eog: bool = True
     presence_penalty: float = 0.0
@@ -111,7 +114,7 @@ def sampling_params(
         raise InvalidRequestError("tool_choice 'required' or a named function needs decoding held to the call's "
                                   "schema, which this runtime does not do; use the llama.cpp runtime on the edge "
                                   "(or edgecloud serve), or send tool_choice 'auto'", param="tool_choice")
-    bias = (chat.logit_bias if chat is not None else None) or {}
+    bias = request.logit_bias or {}
     if bias and not logit_bias:
         raise InvalidRequestError("logit_bias is not supported by this runtime; the llama.cpp runtime applies it "
                                   "(leave it out here)", param="logit_bias")
@@ -127,6 +130,8 @@ def sampling_params(
         max_new_tokens=max_new_tokens,
         temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
         top_p=DEFAULT_TOP_P if request.top_p is None else request.top_p,
+        top_k=max(0, request.top_k or 0),
+        min_p=request.min_p or 0.0,
         seed=request.seed,
         stop_at_eog=not request.ignore_eos,
         presence_penalty=request.presence_penalty or 0.0,
@@ -143,10 +148,11 @@ def check_logit_bias(params: SamplingParams, n_vocab: int) -> None:
                                   f"(0..{n_vocab - 1})", param="logit_bias")
 
 
-def sampling_distribution(logits: npt.NDArray[Any], temperature: float, top_p: float = 1.0) -> npt.NDArray[np.float64]:
-    """Probabilities over the vocabulary (the last axis) after temperature and nucleus (top-p)
-    truncation: what a sampled token is drawn from (and what speculative verification compares).
-    The top token always stays, whatever ``top_p``."""
+def sampling_distribution(logits: npt.NDArray[Any], temperature: float, top_p: float = 1.0, top_k: int = 0,
+                          min_p: float = 0.0) -> npt.NDArray[np.float64]:
+    """Probabilities over the vocabulary (the last axis) after temperature, top-k, nucleus (top-p)
+    and min-p truncation, in that order: what a sampled token is drawn from (and what
+    speculative verification compares). The top token always stays."""
     wide = np.asarray(logits, dtype=np.float64)
     # shift by the maximum first: the top logit maps to 0 and nothing overflows, however small the
     # temperature or extreme the logits (an inf logit would otherwise give inf - inf = NaN)
@@ -154,6 +160,10 @@ def sampling_distribution(logits: npt.NDArray[Any], temperature: float, top_p: f
     scaled = np.nan_to_num((wide - top) / max(temperature, GREEDY_BELOW), nan=-np.inf)
     probs = np.exp(scaled)
     probs /= probs.sum(axis=-1, keepdims=True)
+    if 0 < top_k < probs.shape[-1]:
+        kth = -np.partition(-probs, top_k - 1, axis=-1)[..., top_k - 1: top_k]
+        probs = np.where(probs >= kth, probs, 0.0)  # (ties at the k-th kept)
+        probs /= probs.sum(axis=-1, keepdims=True)
     if top_p < 1.0:
         order = np.argsort(-probs, axis=-1, kind="stable")
         ranked = np.take_along_axis(probs, order, axis=-1)
@@ -162,6 +172,9 @@ def sampling_distribution(logits: npt.NDArray[Any], temperature: float, top_p: f
         kept = np.zeros_like(probs)
         np.put_along_axis(kept, order, ranked * keep, axis=-1)
         probs = kept / kept.sum(axis=-1, keepdims=True)
+    if min_p > 0.0:
+        probs = np.where(probs >= min_p * probs.max(axis=-1, keepdims=True), probs, 0.0)
+        probs /= probs.sum(axis=-1, keepdims=True)
     return probs
 
 
@@ -190,7 +203,8 @@ class TokenChooser:
         """The greedy argmax of an adjusted ``row``, or a draw from its sampling distribution."""
         if self.params.greedy:
             return int(np.argmax(row))
-        probs = sampling_distribution(row, self.params.temperature, self.params.top_p)
+        params = self.params
+        probs = sampling_distribution(row, params.temperature, params.top_p, params.top_k, params.min_p)
         return int(self.rng.choice(probs.size, p=probs))
 
     def choose(self, row: npt.NDArray[Any], recent: Sequence[int] = ()) -> int:

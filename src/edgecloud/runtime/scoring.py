@@ -21,10 +21,17 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy.typing as npt
 
 from ..errors import ContextOverflowError, InvalidRequestError
+from .chunks import log_partition, top_tokens
 
-__all__ = ["Scored", "TokenScore", "TokenSession", "check_token_ids"]
+if TYPE_CHECKING:
+    from .coupling import Coupling
+
+__all__ = ["Scored", "TokenScore", "TokenSession", "check_token_ids", "score_rows"]
 
 
 @dataclass(frozen=True)
@@ -34,11 +41,34 @@ class TokenScore:
     token: int
     logprob: float
     top: list[tuple[int, float]] = field(default_factory=list)
+    #: The model's sampled pick here under a coupled sampler (:mod:`edgecloud.runtime.coupling`).
+    pick: int | None = None
 
     @property
     def argmax(self) -> int:
         """The model's greedy choice at this position (``token`` when no alternatives were asked)."""
         return self.top[0][0] if self.top else self.token
+
+    @property
+    def choice(self) -> int:
+        """What the model writes here: its coupled pick when it sampled, else its greedy choice."""
+        return self.pick if self.pick is not None else self.argmax
+
+
+def score_rows(rows: Sequence[npt.NDArray[Any]], tokens: Sequence[int], start: int, top_n: int,
+               coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+    """Scores from logits rows: ``rows[i]`` predicts ``tokens[start + i]``; the last row predicts the
+    token after them all (the next token: the greedy one, or ``coupling``'s pick). With ``coupling``
+    every row also carries the model's pick at its position."""
+    scores = []
+    for i, logits in enumerate(rows):
+        at = start + i
+        log_z = log_partition(logits)
+        pick = coupling.pick(logits, at) if coupling is not None else None
+        token = tokens[at] if at < len(tokens) else pick if pick is not None else int(logits.argmax())
+        scores.append(TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z),
+                                 top=top_tokens(logits, top_n, log_z), pick=pick))
+    return scores[:-1], scores[-1]
 
 
 def check_token_ids(tokens: Sequence[int], n_vocab: int, room: int) -> None:

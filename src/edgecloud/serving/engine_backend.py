@@ -29,8 +29,9 @@ from typing import Any
 
 from ..engine.model import DEFAULT_N_CTX
 from ..store.catalogue import DEFAULT_MODEL
-from ..runtime.chunks import AnswerChunks, log_partition, top_tokens
-from ..runtime.scoring import TokenScore, check_token_ids
+from ..runtime.chunks import AnswerChunks
+from ..runtime.coupling import Coupling
+from ..runtime.scoring import TokenScore, check_token_ids, score_rows
 from ..runtime.sampling import check_logit_bias
 from ..errors import BackendUnavailableError, ConfigError
 from ..types import ChatRequest, RouteInfo
@@ -191,8 +192,10 @@ class TorchEngineBackend(BatchedEngineBackend):
         self.load()
         return bytes(self._tokenizer.token_to_piece(token, special=False))
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
-        """How the model scores ``tokens[start:]`` given what precedes each, and its greedy next token:
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
+              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+        """How the model scores ``tokens[start:]`` given what precedes each, and its next token (greedy,
+        or ``coupling``'s pick, with the picks at every position):
         one forward pass over the sequence (logits kept for the scored rows only), run between the
         scheduler's steps, so ``/v1/completions`` scoring (checked and verified mode) works on this
         engine too."""
@@ -210,13 +213,7 @@ class TorchEngineBackend(BatchedEngineBackend):
         if self.metrics is not None:
             self.metrics.on_forward()
         logits = rows.float().cpu().numpy()
-        scores = []
-        for i, row in enumerate(logits):  # row i predicts tokens[start + i]; the last, the next token
-            log_z = log_partition(row)
-            token = tokens[start + i] if start + i < len(tokens) else int(row.argmax())
-            scores.append(TokenScore(token=token, logprob=min(0.0, float(row[token]) - log_z),
-                                     top=top_tokens(row, top_n, log_z)))
-        return scores[:-1], scores[-1]
+        return score_rows(list(logits), tokens, start, top_n, coupling)  # row i predicts tokens[start + i]
 
     # ------------------------------------------------------------------ requests
 

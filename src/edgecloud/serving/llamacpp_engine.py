@@ -26,6 +26,7 @@ from ..runtime.chunks import AnswerChunks
 from ..runtime.completions import CompletionRequest
 from ..runtime.llama_cpp import physical_cores
 from ..runtime.llamacpp_sampler import make_sampler
+from ..runtime.coupling import Coupling
 from ..runtime.scoring import TokenScore, check_token_ids
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatRequest, RouteInfo
@@ -189,14 +190,16 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
         self.load()
         return self._tokenizer.token_to_piece(token, special=False)
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
-        """How this model scores ``tokens[start:]`` given what precedes each, and its greedy next
-        token: one pass over the positions the chosen slot does not hold (a verifier's k + 1)."""
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
+              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+        """How this model scores ``tokens[start:]`` given what precedes each, and its next token
+        (greedy, or ``coupling``'s pick, with the picks at every position): one pass over the
+        positions the chosen slot does not hold (a verifier's k + 1)."""
         if not 1 <= start <= len(tokens):
             raise ConfigError(f"start must be in 1..{len(tokens)}, got {start}")
         scheduler = self.scheduler
         check_token_ids(tokens, self._tokenizer.vocab_size, self.n_ctx - 1)
-        return scheduler.score(list(tokens), start, top_n)  # type: ignore[attr-defined]
+        return scheduler.score(list(tokens), start, top_n, coupling)  # type: ignore[attr-defined]
 
     # ------------------------------------------------------------------ requests
 
@@ -217,7 +220,7 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
         answer = AnswerChunks(request, self.model_name, self._route(),
                               piece=lambda token: tokenizer.token_to_piece(token, special=False), is_eog=tokenizer.is_eog,
                               stream_calls=True)
-        sampler = make_sampler(context._lib, context.vocab, context.n_vocab, params)
+        sampler = make_sampler(context._lib, context.vocab, context.n_vocab, params, coupled=True)
 
         def setup(seq: LlamaSequence) -> None:
             seq.sampler, seq.top_n = sampler, answer.top_n

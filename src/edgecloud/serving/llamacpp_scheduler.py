@@ -19,8 +19,10 @@ that saves at least :data:`SLOT_REUSE_MIN_TOKENS` more prompt tokens.
 tokens when speculating) and chunks of prompt for sequences still prefilling, at most
 ``max_prefill_tokens`` of them per step so a long prompt never stalls the others for more than
 one chunk. Then each sequence samples from its own rows of the logits: an ``argmax`` for plain
-greedy, else its own llama.cpp sampler chain (temperature, top-p, seed, penalties,
-``logit_bias``, a ``response_format`` grammar), and logprobs when asked.
+greedy; temperature, top-k, top-p, min-p, ``logit_bias`` and the seed with the shared-noise
+sampler (:class:`~edgecloud.runtime.llamacpp_sampler.CoupledSampler`: the same draws a verified
+answer's checks make, so a seed gives one text either way); else (penalties, a grammar) its own
+llama.cpp sampler chain; and logprobs when asked.
 
 **Speculation** (a :class:`~edgecloud.serving.speculative.Speculator` with n-gram and/or draft
 model proposers, ``k`` chosen per sequence and step by the shared cost model): drafts are
@@ -47,13 +49,14 @@ import numpy as np
 
 from ..errors import BackendError, BackendUnavailableError
 from ..observability.server_metrics import ServerMetrics
-from ..runtime.chunks import log_partition, token_logprob, top_tokens
+from ..runtime.chunks import token_logprob
 from ..runtime.llamacpp_batch import MultiSeqContext
-from ..runtime.llamacpp_sampler import GreedyGrammarSampler
+from ..runtime.llamacpp_sampler import CoupledSampler, GreedyGrammarSampler
 from ..runtime.kv_tiers import SlotKVStore
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.sampling import SamplingParams
-from ..runtime.scoring import TokenScore
+from ..runtime.coupling import Coupling
+from ..runtime.scoring import TokenScore, score_rows
 from .batching import BatchScheduler, BatchSequence
 from .speculative import Planned, SpecState, Speculator
 
@@ -143,10 +146,12 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             self._cond.notify()
         return future.result(timeout)
 
-    def score(self, tokens: list[int], start: int, top_n: int) -> tuple[list[TokenScore], TokenScore]:
-        """Scores of ``tokens[start:]`` (each given what precedes it) and the greedy next token,
-        in one pass over the positions the chosen slot does not hold yet."""
-        return self.call(lambda slot: self._score(slot, tokens, start, top_n), tokens[:start])
+    def score(self, tokens: list[int], start: int, top_n: int,
+              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+        """Scores of ``tokens[start:]`` (each given what precedes it) and the next token (greedy, or
+        ``coupling``'s pick, with the picks at every position), in one pass over the positions the
+        chosen slot does not hold yet."""
+        return self.call(lambda slot: self._score(slot, tokens, start, top_n, coupling), tokens[:start])
 
     def _has_work(self) -> bool:
         return bool(self._waiting or self._running or self._calls)
@@ -166,7 +171,8 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
                 self._forget(slot)
                 future.set_exception(exc)
 
-    def _score(self, slot: _Slot, tokens: list[int], start: int, top_n: int) -> tuple[list[TokenScore], TokenScore]:
+    def _score(self, slot: _Slot, tokens: list[int], start: int, top_n: int,
+               coupling: Coupling | None) -> tuple[list[TokenScore], TokenScore]:
         ctx = self.context
         reuse = self._reuse(slot, tokens[:start])
         # what the slot lacks of the context and the scored block in one batch (one forward pass
@@ -184,13 +190,7 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             slot.tokens.extend(tokens[first:last])
             rows += [ctx.logits(row).copy() for row, p in enumerate(range(first, last)) if p >= start - 1]
         # rows[i] holds the logits after position start - 1 + i: they predict tokens[start + i]
-        scores = []
-        for i, logits in enumerate(rows):
-            log_z = log_partition(logits)
-            token = tokens[start + i] if start + i < len(tokens) else int(logits.argmax())
-            scores.append(TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z),
-                                     top=top_tokens(logits, top_n, log_z)))
-        return scores[:-1], scores[-1]
+        return score_rows(rows, tokens, start, top_n, coupling)
 
     # ------------------------------------------------------------------ slots
 
@@ -344,14 +344,17 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             except Exception as exc:  # this sequence fails alone; the batch goes on
                 self._fail_sequence(seq, exc, "llama.cpp engine")
 
-    def _sample(self, seq: LlamaSequence, row: int) -> int:
-        """``seq``'s next token from batch row ``row``, with logprobs recorded when asked."""
+    def _sample(self, seq: LlamaSequence, row: int, position: int) -> int:
+        """``seq``'s next token (at ``position`` of its sequence) from batch row ``row``, with
+        logprobs recorded when asked."""
         ctx = self.context
         logits = ctx.logits(row) if seq.sampler is None or seq.top_n is not None else None
         if seq.sampler is None:
             token = int(logits.argmax())  # type: ignore[union-attr]
         elif isinstance(seq.sampler, GreedyGrammarSampler):
             token = seq.sampler.pick(logits if logits is not None else ctx.logits(row))
+        elif isinstance(seq.sampler, CoupledSampler):
+            token = seq.sampler.pick(logits if logits is not None else ctx.logits(row), position)
         else:
             token = int(ctx.sample(seq.sampler, row))
         if seq.top_n is not None and not (seq.params.stop_at_eog and token in self.eog_ids):
@@ -366,7 +369,7 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         drafts = plan.proposal.tokens if plan is not None else []
         tokens: list[int] = []
         for i in range(n):
-            token = self._sample(seq, first + i)
+            token = self._sample(seq, first + i, len(seq.prompt) + len(seq.output) + i)
             tokens.append(token)
             ended = seq.params.stop_at_eog and token in self.eog_ids
             if ended or i >= len(drafts) or token != drafts[i]:
