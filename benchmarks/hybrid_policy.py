@@ -39,6 +39,7 @@ from edgecloud.edge.llamacpp import LlamaCppBackend  # noqa: E402
 from edgecloud.router.training.corpus import CORPUS_FAMILIES, load_corpus  # noqa: E402
 from edgecloud.router.training.tasks import Task, grade  # noqa: E402
 from edgecloud.runtime.coupling import Coupling  # noqa: E402
+from edgecloud.runtime.held import HeldGrammar  # noqa: E402
 from edgecloud.runtime.scoring import Scored, TokenScore, TokenSession  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
@@ -58,9 +59,9 @@ class LocalCloud(LlamaCppBackend):
     target = "cloud"  # type: ignore[assignment]
 
     def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
-                 coupling: Coupling | None = None) -> Scored:
+                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None) -> Scored:
         base = session.base(start) if session is not None else 0
-        scores, nxt = self.score(tokens, start=start, top_n=top_n, coupling=coupling)
+        scores, nxt = self.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
         if session is not None:
             session.supported, session.held = True, len(tokens)
         return Scored(scores, nxt, sent=len(tokens) - base, held=base)

@@ -265,3 +265,45 @@ class WrongDrafts:
         out = self.inner.draft(tokens, k, picker)
         time.sleep(self.delay_s * len(out))
         return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(out)]
+
+
+@contextlib.contextmanager
+def ignoring(target: str, fields: tuple[str, ...], marker: str) -> Iterator[str]:
+    """Fault injection: a proxy (its API root) that passes everything on to ``target`` but treats a
+    check as a server that ignores fields it does not know (vLLM does): ``fields`` are dropped from
+    ``/v1/completions`` requests (a sampled check goes greedy) and ``marker`` and the picks from
+    the answers."""
+    import httpx
+    from fastapi import FastAPI, Request
+    from fastapi.responses import Response
+
+    app = FastAPI()
+    root = target.rstrip("/")
+    root = root if root.endswith("/v1") else f"{root}/v1"
+
+    async def relay(path: str, request: Request) -> Response:
+        body = await request.body()
+        dropped = False
+        if path == "completions" and body:
+            sent = json.loads(body)
+            dropped = any(sent.pop(name, None) is not None for name in fields)
+            if dropped and "temperature" in sent:
+                sent["temperature"] = 0
+            body = json.dumps(sent).encode()
+        async with httpx.AsyncClient(timeout=120) as http:
+            answer = await http.request(request.method, f"{root}/{path}", content=body or None,
+                                        headers={"authorization": request.headers.get("authorization", ""),
+                                                 "content-type": "application/json"})
+        content = answer.content
+        if dropped and answer.status_code == 200:
+            got = json.loads(content)
+            got.pop(marker, None)
+            got["choices"][0]["logprobs"].pop("picks", None)
+            content = json.dumps(got).encode()
+        return Response(content, status_code=answer.status_code,
+                        media_type=answer.headers.get("content-type", "application/json"))
+
+    relay.__annotations__ = {"path": str, "request": Request, "return": Response}  # (local imports: FastAPI reads these)
+    app.add_api_route("/v1/{path:path}", relay, methods=["GET", "POST"])
+    with running_app(app) as url:
+        yield f"{url}/v1"

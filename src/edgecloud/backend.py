@@ -34,6 +34,7 @@ from .types import ChatCompletion, ChatCompletionChunk, ChatRequest, collect_chu
 if TYPE_CHECKING:
     from .config import CacheSettings
     from .runtime.coupling import Coupling, Picker
+    from .runtime.held import HeldGrammar, HeldPicker
     from .runtime.scoring import Scored, TokenScore, TokenSession
 
 __all__ = [
@@ -284,11 +285,12 @@ class TemplatedBackend(SerialBackend):
     (``_encode_chat``, called with the runtime loaded), and so tells which token ids a
     conversation is (:class:`ChatTokenizer`)."""
 
-    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt tokens this backend evaluates for ``messages`` (template + tokenizer)."""
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages`` (template + tokenizer; the
+        ``tools`` offered rendered as the template does)."""
         with self._serving():
             self._ensure_loaded()
-            return self._encode_chat(messages)
+            return self._encode_chat(messages, tools=tools)
 
     @abstractmethod
     def _encode_chat(self, messages: list[dict[str, Any]], *, continue_final: bool = False,
@@ -313,8 +315,8 @@ class SessionBackend(Protocol):
 class ChatTokenizer(Protocol):
     """A backend that says which token ids it evaluates for a conversation."""
 
-    def tokenize_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt tokens of ``messages`` (chat template + tokenizer)."""
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt tokens of ``messages`` (chat template + tokenizer; ``tools`` rendered)."""
         ...
 
 
@@ -357,6 +359,10 @@ class Drafter(ChatTokenizer, Protocol):
         or ``picker``'s picks."""
         ...
 
+    def hold(self, grammar: HeldGrammar, coupling: Coupling | None = None) -> HeldPicker:
+        """A picker held to ``grammar`` from the answer's start (fork it to draft ahead)."""
+        ...
+
 
 @runtime_checkable
 class Verifier(Protocol):
@@ -367,11 +373,17 @@ class Verifier(Protocol):
         ...
 
     def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
-                 coupling: Coupling | None = None) -> Scored:
+                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None) -> Scored:
         """:meth:`score` in a token session: only what the endpoint does not hold is sent; with
-        ``coupling``, the endpoint's picks under that sampler (its next token is its pick)."""
+        ``coupling`` or ``grammar``, the endpoint's picks under that sampler, held to that grammar
+        (its next token is its pick)."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:
         """What the endpoint's tokenizer calls each token (to compare vocabularies)."""
+        ...
+
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt token ids the endpoint evaluates for ``messages`` (ExtensionUnsupportedError
+        when it cannot say)."""
         ...

@@ -21,6 +21,11 @@ The extensions:
 * ``coupling`` - picks each checked position's token with the shared-noise sampler
   (:mod:`edgecloud.runtime.coupling`), so a sampled answer (``temperature`` above 0) is verified
   exactly (``edgecloud serve``; vLLM ignores the fields and answers without picks);
+* ``grammar`` - holds each checked position's pick to a GBNF grammar (:mod:`edgecloud.runtime.held`),
+  so tool calls and ``json_schema`` answers are verified too (``edgecloud serve``);
+* ``tokenize`` - says which prompt token ids it evaluates for a conversation (``POST /tokenize``
+  with ``messages`` and ``tools``: ``edgecloud serve``, vLLM), so verified mode drafts for the
+  cloud's own rendering of the prompt where the two chat templates differ;
 * ``continue`` - continues a partial assistant message (``continue_final_message``: vLLM,
   ``edgecloud serve``; hosted chat APIs answer 400);
 * ``logprobs``, ``tools``, ``json_schema`` - the chat request's own fields of those names.
@@ -34,7 +39,8 @@ from typing import Literal, get_args
 
 __all__ = ["CAPABILITIES", "Capabilities", "Capability"]
 
-Capability = Literal["score", "token_ids", "sessions", "coupling", "continue", "logprobs", "tools", "json_schema"]
+Capability = Literal["score", "token_ids", "sessions", "coupling", "grammar", "tokenize", "continue", "logprobs",
+                     "tools", "json_schema"]
 CAPABILITIES: tuple[str, ...] = get_args(Capability)
 
 

@@ -45,6 +45,7 @@ from typing import Any, ClassVar
 from .answer import AnswerHooks, AnswerRecorder, Part
 from .backend import Backend
 from .collab import MODES, TEXT_MODE, AnswerRun, Mode, auto_mode
+from .collab.auto import held
 from .config import CollabSettings, EdgeCloudSettings, load_settings
 from .errors import ConfigError, InvalidRequestError
 from .fallback import Attempt, CircuitBreaker
@@ -209,12 +210,13 @@ class Hybrid(Backend):
         plain = ModePlan("off", decision.target)
         if decision.local_only or asked == "off" or not self.clouds or not self._edge_configured:
             return plain
-        fmt = request.response_format
-        if fmt and fmt.get("type") != "text":
-            return ModePlan("off", decision.target, [("structured_one_side", "structured output is written by one side")])
-        if request.tool_mode.mode != "none":
-            return ModePlan("off", decision.target,
-                            [("tools_one_side", "an answer that may call tools is written by one side")])
+        if held(request):  # verified checks hold both sides to the grammar; any other mode would split it
+            tools = request.tool_mode.mode != "none"
+            code: NoteCode = "tools_one_side" if tools else "structured_one_side"
+            plain = ModePlan("off", decision.target, [(code, "an answer that may call tools is written by one side"
+                                                       if tools else "structured output is written by one side")])
+            if asked not in ("auto", "verified", "checked"):
+                return plain
         if not self.edge_breaker.available() or decision.kind in ("context", "unavailable", "only_side"):
             return plain
         if decision.pinned:  # a pinned route is that side alone (the other only as its failover)
@@ -227,7 +229,7 @@ class Hybrid(Backend):
                 return plain
             chosen, why = auto_mode(edge, self.clouds, redacted=decision.redaction is not None, request=request)
             if chosen is None:
-                return plain
+                return ModePlan(plain.mode, plain.target, [(c, f"{t} ({why})") for c, t in plain.notes])
             asked = chosen
         wanted = MODES[asked]
         if wanted.middle_band_only:  # the cascade: an edge answer checked after the fact

@@ -10,8 +10,6 @@ text the cloud alone writes; greedy answers are unchanged; a cloud that does not
 
 from __future__ import annotations
 
-import contextlib
-import json
 import threading
 from collections import Counter
 from collections.abc import Iterator
@@ -25,16 +23,14 @@ pytest.importorskip("llama_cpp")
 pytest.importorskip("fastapi")
 stats = pytest.importorskip("scipy.stats")
 
-import httpx  # noqa: E402
-from fastapi import FastAPI, Request  # noqa: E402
-from fastapi.responses import Response  # noqa: E402
 
 from edgecloud import EdgeCloud
 from edgecloud.backend import Backend
 from edgecloud.errors import ExtensionUnsupportedError
-from faults import WrongDrafts, running_app, serving
+from faults import WrongDrafts, ignoring, serving
 
 KEY = "sk-test"
+COUPLING_FIELDS = ("coupling", "seed", "top_k", "min_p", "logit_bias")
 PROMPTS = ["Name one colour. Reply with the colour only.", "Pick a number between one and ten.",
            "Say one word about the sea."]
 DRAWS = 1000
@@ -49,9 +45,10 @@ def edge(smollm2_path: Path) -> Iterator[Backend]:
         yield backend
 
 
-@pytest.fixture(scope="module")
-def cloud(smollm2_path: Path) -> Iterator[str]:
-    with serving("llamacpp", smollm2_path, n_ctx=1024, api_key=KEY) as (url, _):
+@pytest.fixture(scope="module", params=["llamacpp", "torch"])
+def cloud(request: pytest.FixtureRequest, smollm2_path: Path) -> Iterator[str]:
+    """``edgecloud serve`` on either engine (the torch engine: the same model dequantized)."""
+    with serving(request.param, smollm2_path, n_ctx=1024, api_key=KEY) as (url, _):
         yield url
 
 
@@ -95,7 +92,9 @@ def noise_tv(table: np.ndarray, rounds: int = 300) -> float:
     return float(np.quantile(spread, 0.99))
 
 
-@pytest.mark.parametrize("prompt", PROMPTS)
+# every prompt on the llama.cpp engine; one on the torch engine (the picks are the same code on both)
+@pytest.mark.parametrize(("cloud", "prompt"), [*(("llamacpp", p) for p in PROMPTS), ("torch", PROMPTS[0])],
+                         indirect=["cloud"])
 def test_verified_first_tokens_are_distributed_as_the_clouds_alone(edge: Backend, cloud: str, prompt: str) -> None:
     verified: Counter[str] = Counter()
     alone: Counter[str] = Counter()
@@ -151,45 +150,8 @@ def test_greedy_answers_are_unchanged(edge: Backend, cloud: str) -> None:
             assert "sampling" not in {n.code for n in verified.route.notes}
 
 
-@contextlib.contextmanager
-def ignoring_coupling(target: str) -> Iterator[str]:
-    """Fault injection: a proxy that passes everything on but answers checks as a server that
-    ignores fields it does not know (vLLM): the picks and the scheme are not in its answers."""
-    app = FastAPI()
-    root = target.rstrip("/")
-    root = root if root.endswith("/v1") else f"{root}/v1"
-
-    @app.api_route("/v1/{path:path}", methods=["GET", "POST"])
-    async def relay(path: str, request: Request) -> Response:
-        body = await request.body()
-        headers = {"authorization": request.headers.get("authorization", "")}
-        dropped = False
-        if path == "completions" and body:
-            sent = json.loads(body)
-            if sent.pop("coupling", None) is not None:
-                dropped = True
-                for name in ("seed", "top_k", "min_p", "logit_bias"):
-                    sent.pop(name, None)
-                sent["temperature"] = 0
-            body = json.dumps(sent).encode()
-        async with httpx.AsyncClient(timeout=60) as http:
-            answer = await http.request(request.method, f"{root}/{path}", content=body or None,
-                                        headers={**headers, "content-type": "application/json"})
-        content = answer.content
-        if dropped and answer.status_code == 200:
-            got = json.loads(content)
-            got.pop("coupling", None)
-            got["choices"][0]["logprobs"].pop("picks", None)
-            content = json.dumps(got).encode()
-        return Response(content, status_code=answer.status_code,
-                        media_type=answer.headers.get("content-type", "application/json"))
-
-    with running_app(app) as url:
-        yield f"{url}/v1"
-
-
 def test_a_cloud_that_does_not_sample_in_step_is_never_a_silent_greedy_answer(edge: Backend, cloud: str) -> None:
-    with ignoring_coupling(cloud) as url:
+    with ignoring(cloud, COUPLING_FIELDS, "coupling") as url:
         with client(edge, url) as c:
             answer = ask(c, PROMPTS[0], temperature=1.0, seed=1, max_tokens=12)
             codes = {n.code for n in answer.route.notes}

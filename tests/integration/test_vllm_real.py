@@ -180,6 +180,26 @@ def test_the_default_does_not_check_every_block_against_a_cloud_without_sessions
     assert answer.text.split()[:3] == cloud.text.split()[:3]
 
 
+def test_a_sampled_answer_is_never_a_silent_greedy_one(vllm_url: str, smollm2_path: Path) -> None:
+    """vLLM ignores the fields of a coupled check (it cannot draw with the edge's noise): under the
+    defaults a sampled answer moves, before anything is shown, to a mode where vLLM samples
+    itself; verified mode asked for by name raises the refusal."""
+    from edgecloud.errors import ExtensionUnsupportedError
+
+    config = {"fallback": {"max_retries": 0, "timeout_s": 120}, "router": {"pii": "off"}}
+    with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
+        with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
+                       cloud_api_key=KEY, config=config) as client:
+            answer = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0.8, seed=3)
+            capabilities = client.stats()["clouds"][0]["capabilities"]
+        assert answer.text and answer.route.collab != "verified"
+        assert answer.route.noted("sampling") is None and capabilities["coupling"] is False
+        with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
+                       cloud_api_key=KEY, config=config) as client, pytest.raises(ExtensionUnsupportedError) as refused:
+            client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0.8, collab="verified")
+    assert refused.value.extension == "coupling"
+
+
 def test_kv_offload_is_refused_by_name_where_this_vllm_cannot_do_it() -> None:
     """The installed vLLM knows --kv-offloading-size, but on the CPU its native offloading has nowhere
     to move KV to (vLLM itself fails at start-up, minutes in): refused before anything starts."""

@@ -8,8 +8,11 @@ edge may start, best first, and takes the first whose needs the sides meet:
    ``score`` or ``token_ids``) in a token session (a cloud that holds none, as vLLM, would be sent
    the whole context at every check: many times the bill of asking it alone); nothing is redacted
    (the cloud would see token ids); a request that samples needs every cloud to pick with the
-   shared noise (``coupling``: :mod:`edgecloud.runtime.coupling`), and one with presence or
-   frequency penalties is not verified (:func:`unverifiable`);
+   shared noise (``coupling``: :mod:`edgecloud.runtime.coupling`), one held to a grammar (tool
+   calls, ``response_format`` json: :func:`held`) every cloud to check under it (``grammar``:
+   :mod:`edgecloud.runtime.held`), and one with presence or frequency penalties is not verified
+   (:func:`unverifiable`); a held request that cannot be verified is written by one side (no
+   other mode can hand half of a call to the other side's grammar);
 2. ``token`` - the edge gives token logprobs and every cloud may continue an assistant message
    (it has not refused ``continue``): the cloud writes text spans where the edge is unsure;
 3. ``lead`` - anything else, a cloud that only chats included: the cloud opens each answer and the
@@ -30,7 +33,7 @@ from ..capabilities import Capability
 from ..runtime.coupling import answer_coupling
 from ..types import ChatRequest
 
-__all__ = ["answer_coupling", "auto_mode", "choose_mode", "may", "unverifiable"]
+__all__ = ["answer_coupling", "auto_mode", "choose_mode", "held", "may", "unverifiable"]
 
 
 def may(backend: Backend, name: Capability, *, probe: bool = False) -> bool:
@@ -39,6 +42,13 @@ def may(backend: Backend, name: Capability, *, probe: bool = False) -> bool:
     if backend.capabilities is None:
         return True
     return backend.capabilities.find(name) if probe else backend.capabilities.may(name)
+
+
+def held(request: ChatRequest) -> bool:
+    """Whether the answer is held to a grammar: structured output (``response_format`` json) or
+    tools the model may call."""
+    fmt = request.response_format
+    return bool(fmt and fmt.get("type") != "text") or request.tool_mode.mode != "none"
 
 
 def unverifiable(request: ChatRequest) -> str | None:
@@ -61,12 +71,31 @@ def auto_mode(edge: Backend, clouds: Sequence[Backend], *, redacted: bool = Fals
     sessions = all(may(c, "sessions") for c in clouds)
     sampled = request is not None and answer_coupling(request) is not None
     couples = not sampled or all(may(c, "coupling", probe=probe) for c in clouds)
+    grammar = request is not None and held(request)
+    holds = not grammar or all(may(c, "grammar", probe=probe) for c in clouds)
     penalty = unverifiable(request) if request is not None else None
     drafts = isinstance(edge, Drafter)
-    checks = drafts and scores and sessions and not redacted and couples and penalty is None
+    checks = drafts and scores and sessions and not redacted and couples and holds and penalty is None
     continues = checks or all(may(c, "continue", probe=probe) for c in clouds)
+    if grammar and not checks:  # a call or a JSON answer cannot be split between the sides: one side writes it
+        return None, (f"{_not_verified(edge.name, drafts, scores, sessions, couples, holds, penalty, redacted)}: "
+                      "one side writes an answer held to a grammar")
     return choose_mode(runtime=edge.name, drafts=drafts, logprobs=edge.supports_logprobs, scores=scores,
-                       continues=continues, redacted=redacted, sessions=sessions, couples=couples, penalty=penalty)
+                       continues=continues, redacted=redacted, sessions=sessions, couples=couples and holds,
+                       penalty=penalty)
+
+
+def _not_verified(runtime: str, drafts: bool, scores: bool, sessions: bool, couples: bool, holds: bool,
+                  penalty: str | None, redacted: bool) -> str:
+    """Why verified mode cannot run, in words (the first need the sides do not meet)."""
+    return ("the conversation is redacted (token ids would leak it)" if redacted else
+            "the cloud does not score continuations" if not scores else
+            f"the {runtime} runtime drafts no token ids" if not drafts else
+            "the cloud holds no token sessions (every check would send the whole context again)" if not sessions else
+            f"the request's {penalty} needs one history per side" if penalty is not None else
+            "the cloud does not check under a grammar" if not holds else
+            "the request samples and the cloud does not draw with the edge's noise (coupling)" if not couples else
+            "verified mode can run")
 
 
 def choose_mode(*, runtime: str, drafts: bool, logprobs: bool, scores: bool, continues: bool,
@@ -79,12 +108,7 @@ def choose_mode(*, runtime: str, drafts: bool, logprobs: bool, scores: bool, con
     verified mode cannot honour."""
     if drafts and scores and sessions and couples and penalty is None and not redacted:
         return "verified", "the edge drafts token ids and the cloud scores them"
-    why = ("the conversation is redacted (token ids would leak it)" if redacted else
-           "the cloud does not score continuations" if not scores else
-           f"the {runtime} runtime drafts no token ids" if not drafts else
-           "the cloud holds no token sessions (every check would send the whole context again)" if not sessions else
-           f"the request's {penalty} needs one history per side" if penalty is not None else
-           "the request samples and the cloud does not draw with the edge's noise (coupling)")
+    why = _not_verified(runtime, drafts, scores, sessions, couples, True, penalty, redacted)
     if logprobs and continues:
         return "token", f"{why}; it continues text"
     if not continues:

@@ -32,6 +32,8 @@ from ..config import CollabSettings
 from ..errors import AuthenticationError, BackendError, ConfigError, ExtensionUnsupportedError, ModelError
 from ..fallback import Attempt, FailoverStream, Handover, can_fall_back, cause_of, continuation
 from ..router.cascade import ConfidenceCheck
+from ..tools.parse import ToolCallParser
+from ..tools.spec import ToolCall
 from .auto import auto_mode
 from ..types import (
     ChatCompletionChunk,
@@ -241,6 +243,9 @@ class SharedAnswer:
         self.model = self.edge.model_name or self.edge.name
         self.text = ""
         self._opened = False
+        #: Tool calls in the answer text (verified mode writes calls with both sides), streamed as OpenAI does.
+        self._calls = (ToolCallParser((t.function.name for t in self.request.tools or ()), stream=True)
+                       if self.request.tool_mode.mode != "none" and self.request.tools else None)
         self.recorder.collaborating(self.mode)
 
     # ------------------------------------------------------------------ the caller's chunks
@@ -260,11 +265,22 @@ class SharedAnswer:
         if not text:
             return
         self.text += text
+        calls: list[ToolCall] = []
+        if self._calls is not None:
+            text, calls = self._calls.push(text)
         keep = logprobs if self.request.logprobs and logprobs else None
         if keep is not None:
             top_n = self.request.top_logprobs or 0
             keep = [e.model_copy(update={"top_logprobs": e.top_logprobs[:top_n]}) for e in keep]
-        yield self._chunk(ChoiceDelta(content=text), side, backend, logprobs=keep)
+        if text:
+            yield self._chunk(ChoiceDelta(content=text), side, backend, logprobs=keep)
+        yield from self._call_chunks(calls, side, backend)
+
+    def _call_chunks(self, calls: list[ToolCall], side: str, backend: str | None) -> Iterator[ChatCompletionChunk]:
+        """One chunk per tool-call delta (the streamed pieces, then ``calls`` whole), as OpenAI streams them."""
+        if self._calls is not None:
+            for delta in self._calls.deltas(calls):
+                yield self._chunk(ChoiceDelta(tool_calls=[delta]), side, backend)
 
     def _chunk(self, delta: ChoiceDelta, side: str, backend: str | None, *, logprobs: Any = None,
                finish: FinishReason | None = None) -> ChatCompletionChunk:
@@ -281,6 +297,13 @@ class SharedAnswer:
     def final(self, reason: FinishReason) -> Iterator[ChatCompletionChunk]:
         """The last chunk: finish reason, usage summed over the sides, the complete route, cost."""
         yield from self.emit("edge", "")  # the role chunk, if nothing was written at all
+        if self._calls is not None:  # what the parser still holds: text, or a call without its closing tag
+            tail, calls = self._calls.flush()
+            if tail:
+                yield self._chunk(ChoiceDelta(content=tail), "", None)
+            yield from self._call_chunks(calls, "", None)
+            if self._calls.calls and reason == "stop":
+                reason = "tool_calls"
         yield self.recorder.finish(self._chunk(ChoiceDelta(), "", None, finish=reason))
 
     # ------------------------------------------------------------------ requests and failures

@@ -74,6 +74,7 @@ from ..fallback import Attempt
 from ..observability.cost import forward_passes
 from ..runtime.coupling import SCHEME, Picker
 from ..runtime.hardware import cpu_budget
+from ..runtime.held import HeldGrammar, HeldPicker
 from ..runtime.scoring import Scored, TokenSession
 from ..runtime.speculative import Acceptance, accept_prefix, best_k, expected_tokens
 from ..runtime.text_stream import TextStream
@@ -97,6 +98,8 @@ RESTART_BLOCK = 4
 VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京"
 #: (edge, cloud URL, cloud model) pairs whose vocabularies were found to agree.
 _SAME_VOCAB: set[tuple[int, str, str]] = set()
+#: (edge, cloud URL, cloud model, with tools) -> whether the two render a prompt to the same token ids.
+_SAME_PROMPT: dict[tuple[int, str, str | None, bool], bool] = {}
 #: Checks in flight while the edge drafts on (HTTP requests: threads that mostly wait).
 _CHECKS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edgecloud-check")
 
@@ -293,6 +296,10 @@ class DraftAndCheck(SharedAnswer):
         self.session = TokenSession()
         #: How the answer samples (None: greedy): both sides pick with the same noise.
         self.coupling = answer_coupling(self.request)
+        #: The grammar the answer is held to (tool calls, json), and the edge's state of it at the
+        #: written answer (drafts run ahead on forks of it); set when the answer starts.
+        self.grammar: HeldGrammar | None = None
+        self.held: HeldPicker | None = None
         self.text = ""
         self._stream = TextStream(self.request.stop_sequences)
         self.finish: FinishReason | None = None
@@ -314,14 +321,42 @@ class DraftAndCheck(SharedAnswer):
             yield from self.cloud_finishes(failed.error)
         except _StepDown as down:  # nothing shown yet: the next mode writes the whole answer
             yield from self.run.step_down(down.refused, down.by)
+        finally:
+            if self.held is not None:
+                self.held.close()
 
     def _start(self) -> tuple[list[int], int, Part, Part]:
         """The prompt's token ids, the answer's token budget, and the edge's and the cloud's parts."""
-        prompt = _on_edge(self.drafter.tokenize_chat, self.request.message_dicts())
+        messages, tools = self.request.message_dicts(), self.request.tool_dicts()
+        prompt = self._clouds_prompt(messages, tools, _on_edge(self.drafter.tokenize_chat, messages, tools))
         self.recorder.prompt_tokens = len(prompt)
+        self.grammar = HeldGrammar.of(self.request, len(prompt))
+        if self.grammar is not None:
+            self.held = _on_edge(self.drafter.hold, self.grammar, self.coupling)
         room = (self.edge.n_ctx or 0) - len(prompt) - 1
         budget = min(self.request.max_tokens or room, room)
         return prompt, budget, self.recorder.part("edge", self.edge.name), self.recorder.part("cloud", "cloud")
+
+    def _clouds_prompt(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None,
+                       local: list[int]) -> list[int]:
+        """The prompt's token ids as the cloud renders it (its chat template may differ from the
+        edge's: two GGUF files of one family render tools differently). Asked of the first cloud
+        once per edge, cloud and kind of prompt (with tools or without); where they agree the
+        edge's own rendering is used from then on, where they differ the cloud is asked each
+        answer (one round trip); a cloud that cannot say (no ``/tokenize``) gets the edge's."""
+        attempt = self.clouds[0] if self.clouds else None
+        if attempt is None or not isinstance(attempt.backend, Verifier) or not may(attempt.backend, "tokenize"):
+            return local
+        backend = attempt.backend
+        key = (id(self.drafter), str(backend.base_url), backend.model_name, bool(tools))
+        if _SAME_PROMPT.get(key):
+            return local
+        try:
+            theirs = backend.tokenize_chat(messages, tools)
+        except Exception:  # noqa: BLE001 - refused (remembered) or an outage: the checks will say
+            return local
+        _SAME_PROMPT[key] = theirs == local
+        return theirs
 
     def _overlaps(self) -> bool:
         """Whether the edge drafts while a check is computed: ``collab.overlap``, else unless a cloud
@@ -442,8 +477,9 @@ class DraftAndCheck(SharedAnswer):
         yield from self.final(self.finish or "length")
 
     def _picker(self) -> Picker | None:
-        """What the edge drafts with from the written answer on: None (greedy) or the coupling."""
-        return self.coupling
+        """What the edge drafts with from the written answer on: None (greedy), the coupling, or a
+        fork of the answer's grammar state (drafts run ahead on it)."""
+        return self.held.fork() if self.held is not None else self.coupling
 
     def _rounds_done(self, kind: str) -> None:
         """The route notes of a finished answer: how it sampled, and in how many rounds."""
@@ -508,6 +544,12 @@ class DraftAndCheck(SharedAnswer):
         if edge.is_end(token):
             self.finish = "stop"
             return
+        if self.held is not None:  # the written answer's grammar state moves on
+            if self.held.mask.allows(token):
+                self.held.accept(token)
+            else:  # (cannot happen with one grammar on both sides: the edge then drafts unheld, the cloud still checks)
+                self.held.close()
+                self.held = None
         self.recorder.wrote(side, 1)  # type: ignore[arg-type]
         if side == "edge":
             part.completion_tokens += 1  # the cloud's part counts the tokens it was billed for (one a round)
@@ -564,7 +606,8 @@ class DraftAndCheck(SharedAnswer):
                     compare()
                 except Exception as exc:  # noqa: BLE001 - told apart from the check's own failure
                     raise _VocabRefused(exc) from exc
-            return verifier.score_in(self.session, context, start=len(tokens), top_n=1, coupling=self.coupling)
+            return verifier.score_in(self.session, context, start=len(tokens), top_n=1, coupling=self.coupling,
+                                     grammar=self.grammar)
 
         started = time.perf_counter()
         if wait:

@@ -56,6 +56,8 @@ from ..runtime.kv_tiers import KVTierCounts, LlamaKVTiers
 from ..runtime.prefix_cache import PrefixCache, common_prefix_len_np
 from ..runtime.sampling import SamplingParams, sampling_params
 from ..runtime.coupling import Coupling, Picker
+from ..runtime.grammar_mask import GrammarMask
+from ..runtime.held import HeldGrammar, HeldPicker, held_picker
 from ..runtime.scoring import TokenScore, check_token_ids, score_rows
 from ..runtime.stats import RuntimeStats
 from ..store.catalogue import DEFAULT_MODEL
@@ -614,11 +616,11 @@ class LlamaCppBackend(TemplatedBackend):
                     return
                 llm.eval([token])
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
-              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1, coupling: Coupling | None = None,
+              grammar: HeldGrammar | None = None) -> tuple[list[TokenScore], TokenScore]:
         """How this model scores ``tokens[start:]`` given what precedes each, in one forward pass
-        over the new positions, and its next token after all of them (greedy, or ``coupling``'s
-        pick, with the picks at every position).
+        over the new positions, and its next token after all of them (greedy, or the pick:
+        ``coupling``'s draw, held to ``grammar``; with the picks at every position).
 
         Returns one :class:`~edgecloud.runtime.scoring.TokenScore` per scored position (the
         token's logprob and the ``top_n`` best alternatives) and the score of the token that
@@ -631,6 +633,7 @@ class LlamaCppBackend(TemplatedBackend):
             llm = self._ensure_loaded()
             check_token_ids(tokens, self._n_vocab, self.n_ctx - 1)
             self._started += 1
+            held = held_picker(self._grammar_mask, grammar, coupling, tokens, start)
             self._prefill(tokens[:start])
             ctx, lib, n_vocab = llm.ctx, self._lib, self._n_vocab
             scores: list[TokenScore] = []
@@ -641,10 +644,21 @@ class LlamaCppBackend(TemplatedBackend):
                 _eval_rows(llm, batch)
                 rows = [pending] + [np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, row), shape=(n_vocab,))
                                     for row in range(len(batch) - 1)]
-                done, last = score_rows(rows, tokens, start + first, top_n, coupling)
+                done, last = score_rows(rows, tokens, start + first, top_n, coupling, held)
                 scores += [*done, last]
                 pending = np.ctypeslib.as_array(lib.llama_get_logits_ith(ctx, len(batch) - 1), shape=(n_vocab,)).copy()
-            return scores, score_rows([pending], tokens, len(tokens), top_n, coupling)[1]
+            return scores, score_rows([pending], tokens, len(tokens), top_n, coupling, held)[1]
+
+    def _grammar_mask(self, params: SamplingParams) -> GrammarMask:
+        """A grammar state for ``params.grammar`` over this model's vocabulary."""
+        return GrammarMask(self._lib, self._vocab, self._n_vocab, params)
+
+    def hold(self, grammar: HeldGrammar, coupling: Coupling | None = None) -> HeldPicker:
+        """A picker held to ``grammar`` from the answer's start (verified mode's drafts under a
+        tool-call or JSON grammar: fork it to draft ahead)."""
+        with self._serving():
+            self._ensure_loaded()
+            return HeldPicker(self._grammar_mask(grammar.params()), coupling)
 
     # ------------------------------------------------------------------ sampling
 

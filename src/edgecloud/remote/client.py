@@ -88,6 +88,7 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..runtime.coupling import SCHEME, Coupling
+from ..runtime.held import HeldGrammar
 from ..runtime.scoring import Scored, TokenScore, TokenSession
 from .wire import EventReader, error_fields, translate, usage_counts, wait_hint
 from ..types import (
@@ -119,6 +120,8 @@ _EXTENSION_FIELDS: dict[Capability, tuple[str, ...]] = {
 
 #: The fields a coupled check adds to a scoring request (:meth:`Coupling.wire <edgecloud.runtime.coupling.Coupling.wire>`).
 _COUPLING_FIELDS = ("coupling", "seed", "temperature", "top_p", "top_k", "min_p", "logit_bias")
+#: The fields a grammar-held check adds (:meth:`HeldGrammar.wire <edgecloud.runtime.held.HeldGrammar.wire>`).
+_GRAMMAR_FIELDS = ("grammar", "grammar_triggers", "grammar_from")
 
 
 def _extensions(body: dict[str, Any]) -> list[Capability]:
@@ -402,15 +405,24 @@ class CloudBackend(Backend):
             return False
         return True
 
-    def _accepts_scoring(self, body: dict[str, Any]) -> bool:
-        """Whether the endpoint takes the scoring request ``body`` without its coupling fields (and
-        outside any session): then what it refused was the coupling."""
-        plain = {k: v for k, v in body.items() if k not in _COUPLING_FIELDS and k != "session"}
-        try:
-            self._post({**plain, "temperature": 0}, f"{self.base_url}/completions").close()
-        except (InvalidRequestError, ModelNotFoundError, BackendError):
-            return False
-        return True
+    def _refused_pick(self, body: dict[str, Any], exc: EdgeCloudError) -> Capability | None:
+        """After the scoring request ``body`` was refused with ``exc``: the pick extension it
+        refused (``grammar``, ``coupling``: the same request without its fields, outside any
+        session, is taken), or None (it refuses scoring itself)."""
+        if not isinstance(exc, InvalidRequestError):
+            return None
+        for name, fields in (("grammar", _GRAMMAR_FIELDS), ("coupling", _COUPLING_FIELDS)):
+            if not any(f in body for f in fields):
+                continue
+            plain = {k: v for k, v in body.items() if k not in fields and k != "session"}
+            if name == "coupling":
+                plain["temperature"] = 0
+            try:
+                self._post(plain, f"{self.base_url}/completions").close()
+            except (InvalidRequestError, ModelNotFoundError, BackendError):
+                continue
+            return name  # type: ignore[return-value]
+        return None
 
     def _which_refused(self, body: dict[str, Any], exc: EdgeCloudError) -> ExtensionUnsupportedError | None:
         """After ``body`` was refused: the extension the endpoint refused (learned by trying the
@@ -423,8 +435,8 @@ class CloudBackend(Backend):
         return self._refused_as(present, exc)
 
     def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool,
-                 session: TokenSession | None = None,
-                 coupling: Coupling | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 session: TokenSession | None = None, coupling: Coupling | None = None,
+                 grammar: HeldGrammar | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
         """One scoring request (see :meth:`score`): the response's ``logprobs`` object (its arrays
         aligned with ``tokens`` plus the next token, ``None`` where a position was not sent), and
         the whole response. In a ``session`` only the tokens the server does not hold are sent."""
@@ -443,18 +455,25 @@ class CloudBackend(Backend):
                 raise ExtensionUnsupportedError(f"{url} does not sample in step with the edge: "
                                                 f"{self.capabilities.why('coupling')}", extension="coupling")
             body.update(coupling.wire())
+        if grammar is not None:
+            if not self.capabilities.may("grammar"):
+                raise ExtensionUnsupportedError(f"{url} does not check under a grammar: "
+                                                f"{self.capabilities.why('grammar')}", extension="grammar")
+            body.update(grammar.wire())
         try:
             response = self._post(body, url)
         except SessionExpiredError:
             assert session is not None
             session.lost()
-            return self._scoring(tokens, start, top_n, as_ids, session, coupling)
+            return self._scoring(tokens, start, top_n, as_ids, session, coupling, grammar)
         except (InvalidRequestError, ModelNotFoundError, BackendError) as exc:
             if isinstance(exc, ContextOverflowError) or (isinstance(exc, BackendError) and not self._chats_but_fails(exc)):
                 raise
-            if coupling is not None and isinstance(exc, InvalidRequestError) and self._accepts_scoring(body):
-                self.capabilities.refuse("coupling", str(exc))
-                raise ExtensionUnsupportedError(f"{url} refused a coupled check: {exc}", extension="coupling") from exc
+            refused = self._refused_pick(body, exc)
+            if refused is not None:
+                self.capabilities.refuse(refused, str(exc))
+                raise ExtensionUnsupportedError(f"{url} refused a check with {refused!r}: {exc}",
+                                                extension=refused) from exc
             self.capabilities.refuse("score", str(exc))
             raise ScoringUnsupportedError(
                 f"{url} cannot score a continuation (echo + logprobs on /completions): {exc}; use collab='token', or "
@@ -475,11 +494,17 @@ class CloudBackend(Backend):
                     # a server that holds sessions echoes only what was sent: align with ``tokens``
                     logprobs = {**logprobs, **{key: [None] * base + list(logprobs[key])
                                                for key in ("tokens", "token_logprobs", "top_logprobs")}}
-                picks = logprobs.get("picks") if coupling is not None else None
-                coupled = coupling is not None and answer.get("coupling") == SCHEME and isinstance(picks, list)
-                if coupled:
-                    self.capabilities.allow("coupling")
-                    logprobs["picks"] = [None] * base + list(picks)
+                picks = logprobs.get("picks")
+                coupled = coupling is None or answer.get("coupling") == SCHEME
+                holds = grammar is None or answer.get("grammar") is True
+                if coupling is not None or grammar is not None:
+                    coupled, holds = coupled and isinstance(picks, list), holds and isinstance(picks, list)
+                    if coupled and holds:
+                        logprobs["picks"] = [None] * base + list(picks)
+                for name, shown in (("coupling", coupling is not None and coupled),
+                                    ("grammar", grammar is not None and holds)):
+                    if shown:
+                        self.capabilities.allow(name)  # type: ignore[arg-type]
                 if len(logprobs["tokens"]) < len(tokens) + 1 or len(logprobs["top_logprobs"]) < len(tokens) + 1:
                     said = f"{url} did not return the echoed prompt and the greedy next token (max_tokens=1 with echo)"
                     self.capabilities.refuse("score", said)
@@ -494,10 +519,11 @@ class CloudBackend(Backend):
                 response.close()
         except httpx.HTTPError as exc:
             raise BackendError(f"the scoring answer from {url} broke: {exc}", cause="disconnected") from exc
-        if coupling is not None and not coupled:
-            said = f"{url} answered a coupled check without its picks under {SCHEME!r} (it ignores the fields)"
-            self.capabilities.refuse("coupling", said)
-            raise ExtensionUnsupportedError(said, extension="coupling")
+        for name, shown in (("coupling", coupled), ("grammar", holds)):
+            if not shown:  # the fields were ignored: a greedy, unconstrained answer came back
+                said = f"{url} answered a check without its picks under {name!r} (it ignores the fields)"
+                self.capabilities.refuse(name, said)  # type: ignore[arg-type]
+                raise ExtensionUnsupportedError(said, extension=name)
         return logprobs, answer
 
     def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:
@@ -512,14 +538,15 @@ class CloudBackend(Backend):
         return scored.scores, scored.next
 
     def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
-                 coupling: Coupling | None = None) -> Scored:
+                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None) -> Scored:
         """:meth:`score` in a token ``session``: only what the server does not hold is sent (the
         whole context when it holds nothing, or lost the session); with what the round cost.
         ``coupling``: the server picks each position's token with that sampler (its next token is
-        its pick); an endpoint that does not raises ExtensionUnsupportedError (``coupling``)."""
-        logprobs, answer = self._scoring(tokens, start, top_n, True, session, coupling)
+        its pick); ``grammar``: each pick is held to it. An endpoint that does neither raises
+        ExtensionUnsupportedError (``coupling``, ``grammar``)."""
+        logprobs, answer = self._scoring(tokens, start, top_n, True, session, coupling, grammar)
         raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
-        picks = logprobs.get("picks") if coupling is not None else None
+        picks = logprobs.get("picks") if coupling is not None or grammar is not None else None
 
         def token_id(name: str) -> int:
             if not name.startswith("token_id:"):
@@ -602,6 +629,33 @@ class CloudBackend(Backend):
         if self.capabilities.known("score"):
             self.capabilities.find("coupling")
         return self.capabilities
+
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt token ids the endpoint evaluates for ``messages`` (and ``tools``): vLLM's
+        ``POST /tokenize`` at the server's root. An endpoint without it raises
+        ExtensionUnsupportedError (``tokenize``, remembered); an outage is raised as such."""
+        url = f"{self.base_url.removesuffix('/v1')}/tokenize"
+        if not self.capabilities.may("tokenize"):
+            raise ExtensionUnsupportedError(f"{url}: {self.capabilities.why('tokenize')}", extension="tokenize")
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "add_generation_prompt": True}
+        if tools:
+            body["tools"] = tools
+        try:
+            response = self._post(body, url)
+        except (InvalidRequestError, ModelNotFoundError) as exc:
+            self.capabilities.refuse("tokenize", str(exc))
+            raise ExtensionUnsupportedError(f"{url} does not tokenize a chat: {exc}", extension="tokenize") from exc
+        try:
+            tokens = json.loads(response.read())["tokens"]
+            if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+                raise TypeError("tokens is not a list of token ids")
+        except (ValueError, KeyError, TypeError) as exc:
+            self.capabilities.refuse("tokenize", f"{url} answered without token ids")
+            raise ExtensionUnsupportedError(f"{url} answered /tokenize without token ids", extension="tokenize") from exc
+        finally:
+            response.close()
+        self.capabilities.allow("tokenize")
+        return tokens
 
     def token_texts(self, tokens: list[int]) -> list[str]:
         """What the endpoint's tokenizer calls each of ``tokens`` (one scoring request that scores

@@ -36,6 +36,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
 from .coupling import SCHEME, Coupling
+from .held import HeldGrammar
 from .scoring import TokenScore
 from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_bias, check_stop, check_text, now
 
@@ -111,6 +112,12 @@ class CompletionRequest(_Validated):
     coupling: str | None = None
     #: Token id (as a string) -> bias added to its logit (with ``coupling``).
     logit_bias: dict[str, float] | None = None
+    #: edgecloud's extension: with ``echo``, hold each scored position's pick to this GBNF grammar
+    #: (:mod:`edgecloud.runtime.held`), from sequence position ``grammar_from`` (the answer's start)
+    #: on; ``grammar_triggers``: regular expressions that switch it on (tool calls).
+    grammar: str | None = Field(default=None, min_length=1, max_length=1_000_000)
+    grammar_triggers: list[str] | None = Field(default=None, max_length=64)
+    grammar_from: int | None = Field(default=None, ge=0)
 
     @field_validator("prompt", mode="before")
     @classmethod
@@ -163,7 +170,16 @@ class CompletionRequest(_Validated):
             if self.seed is None and self.temperature != 0.0:
                 raise InvalidRequestError("a coupled check needs the answer's seed (both sides draw the same noise "
                                           "from it); set seed", param="seed")
-        elif self.logit_bias and self.scoring:
+        if self.grammar is not None:
+            if not self.scoring:
+                raise InvalidRequestError("grammar holds the scored positions' picks: send it with echo=true and "
+                                          "logprobs (a scoring request)", param="grammar")
+            if self.grammar_from is None:
+                raise InvalidRequestError("a grammar-held check needs grammar_from (where the answer starts)",
+                                          param="grammar_from")
+        elif self.grammar_triggers is not None or self.grammar_from is not None:
+            raise InvalidRequestError("grammar_triggers and grammar_from go with grammar", param="grammar")
+        if self.coupling is None and self.logit_bias and self.scoring:
             raise InvalidRequestError("logit_bias in a scoring request needs coupling (the picks it changes)",
                                       param="logit_bias")
         if self.session is not None and self.token_ids is None:
@@ -226,6 +242,8 @@ class Completion(Envelope):
     session: SessionInfo | None = None
     #: edgecloud's extension: the sampler a coupled scoring request's picks were drawn with.
     coupling: str | None = None
+    #: edgecloud's extension: the picks were held to the request's grammar.
+    grammar: bool | None = None
 
 
 #: Streamed pieces have the same shape as the whole answer (as OpenAI sends them).
@@ -257,9 +275,10 @@ class ScoringBackend(Protocol):
         """The bytes a token stands for."""
         ...
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
-              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
-        """Scores of ``tokens[start:]`` and the next token (greedy, or ``coupling``'s pick)."""
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1, coupling: Coupling | None = None,
+              grammar: HeldGrammar | None = None) -> tuple[list[TokenScore], TokenScore]:
+        """Scores of ``tokens[start:]`` and the next token (greedy, or the pick: ``coupling``'s draw,
+        held to ``grammar``)."""
         ...
 
 
@@ -275,6 +294,8 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         raise InvalidRequestError("with echo, max_tokens may be 0 (score only) or 1 (and the greedy next token)",
                                   param="max_tokens")
     coupling = Coupling.of(request) if request.coupling is not None else None
+    grammar = (HeldGrammar(request.grammar, tuple(request.grammar_triggers or ()), request.grammar_from or 0)
+               if request.grammar is not None else None)
     if coupling is None and request.temperature not in (None, 0.0):
         raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0 (or send coupling, "
                                   "with the seed, for sampled picks)", param="temperature")
@@ -285,7 +306,8 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     if start > len(tokens):
         raise InvalidRequestError(f"score_from={start} is past the prompt's {len(tokens)} tokens", param="score_from")
     top_n, as_ids = request.logprobs or 0, request.return_tokens_as_token_ids
-    scores, nxt = (backend.score(tokens, start=start, top_n=top_n, coupling=coupling) if coupling is not None
+    picked = coupling is not None or grammar is not None
+    scores, nxt = (backend.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar) if picked
                    else backend.score(tokens, start=start, top_n=top_n))
     generated = [nxt] if request.max_tokens else []
     echoed = tokens + [g.token for g in generated]
@@ -310,7 +332,7 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         offsets.append(at)
         at += len(raw.decode("utf-8", errors="replace"))
     picks: list[int | None] | None = None
-    if coupling is not None:
+    if picked:
         picks = ([None] * start + [s.pick for s in [*scores, *generated]])[held:]
     logprobs = CompletionLogprobs(tokens=[name(t) for t in echoed], token_logprobs=token_logprobs, top_logprobs=tops,
                                   text_offset=offsets, picks=picks)
@@ -322,4 +344,5 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         usage=Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out,
                     context_tokens=held if context is not None else None),
         coupling=request.coupling,
+        grammar=True if grammar is not None else None,
     )

@@ -124,7 +124,7 @@ class Coupling:
         for token, value in self.bias:
             if 0 <= token < scaled.shape[0]:
                 scaled[token] += value
-        scaled = np.nan_to_num(scaled, nan=-np.inf, posinf=np.finfo(np.float64).max)
+        scaled = np.nan_to_num(scaled, nan=-np.inf, posinf=np.finfo(np.float64).max * 1e-4, neginf=-np.inf)
         scaled /= max(self.temperature, 1e-4)
         n = scaled.shape[0]
         ids: npt.NDArray[np.int64] | None = None

@@ -48,10 +48,11 @@ def grammar_stage(lib: Any, vocab: Any, params: SamplingParams) -> Any:
 class GrammarMask:
     """One sequence's grammar state (``params.grammar``, lazy when ``params.grammar_triggers``)."""
 
-    def __init__(self, lib: Any, vocab: Any, n_vocab: int, params: SamplingParams) -> None:
-        self._lib, self._n_vocab = lib, n_vocab
-        self._sampler = grammar_stage(lib, vocab, params)
+    def __init__(self, lib: Any, vocab: Any, n_vocab: int, params: SamplingParams | None, *, stage: Any = None) -> None:
+        self._lib, self._vocab, self._n_vocab = lib, vocab, n_vocab
+        self._sampler = stage if stage is not None else grammar_stage(lib, vocab, params)
         if not self._sampler:
+            assert params is not None
             raise InvalidRequestError(f"invalid '{params.grammar_param}': llama.cpp could not compile the grammar "
                                       "for this schema; simplify it", param=params.grammar_param)
         self._data = np.zeros(n_vocab, dtype=_TOKEN_DATA)
@@ -77,12 +78,23 @@ class GrammarMask:
 
     def greedy(self, logits: npt.NDArray[np.float32]) -> int:
         """The most likely token the grammar allows (the lowest id on a tie, as ``argmax``), accepted into it."""
+        token = self.best(logits)
+        self.accept(token)
+        return token
+
+    def best(self, logits: npt.NDArray[np.float32]) -> int:
+        """The most likely token the grammar allows next (not accepted)."""
         row = logits[: self._n_vocab]
         token = int(row.argmax())
         if not self.allows(token):
             token = self._best_allowed(row)
-        self.accept(token)
         return token
+
+    def fork(self) -> GrammarMask:
+        """An independent copy of this grammar state (drafts run ahead on a fork; the original
+        stays where the written answer is)."""
+        return GrammarMask(self._lib, self._vocab, self._n_vocab, None,
+                           stage=self._lib.llama_sampler_clone(self._sampler))
 
     def _best_allowed(self, row: npt.NDArray[np.float32]) -> int:
         top = np.argpartition(row, -CANDIDATES)[-CANDIDATES:]

@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import InvalidRequestError
 from .coupling import Coupling, new_seed
 from .grammar_mask import GrammarMask, grammar_stage
+from .held import HeldPicker
 from .sampling import PENALTY_LAST_N, SamplingParams, check_logit_bias
 
 __all__ = ["CoupledSampler", "GreedyGrammarSampler", "grammar_stage", "make_sampler", "needs_sampler"]
@@ -50,18 +51,23 @@ class CoupledSampler:
     """Sampling with the shared-noise scheme (:class:`~edgecloud.runtime.coupling.Coupling`): what
     the serving engine samples with (:func:`make_sampler` with ``coupled``), so that a request's
     ``seed`` gives the same text asked of the cloud alone and verified with an edge.
-    :meth:`pick` takes a logits row and the position of the token it predicts."""
+    :meth:`pick` takes a logits row and the position of the token it predicts. ``mask``: the
+    draws are held to a grammar (a tool call, ``response_format``), as verified checks hold them."""
 
-    def __init__(self, params: SamplingParams) -> None:
+    def __init__(self, params: SamplingParams, mask: GrammarMask | None = None) -> None:
         self.coupling = Coupling(seed=new_seed() if params.seed is None else params.seed,
                                  temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
                                  min_p=params.min_p, bias=params.logit_bias)
+        self._held = HeldPicker(mask, self.coupling) if mask is not None else None
 
     def pick(self, logits: Any, position: int) -> int:
+        if self._held is not None:
+            return self._held.pick(logits, position)
         return self.coupling.pick(logits, position)
 
     def close(self) -> None:
-        pass
+        if self._held is not None:
+            self._held.close()
 
 
 def needs_sampler(params: SamplingParams) -> bool:
@@ -80,8 +86,8 @@ def make_sampler(lib: Any, vocab: Any, n_vocab: int, params: SamplingParams, *, 
     if params.grammar is not None and params.greedy and not params.penalised and not params.logit_bias:
         return GreedyGrammarSampler(lib, vocab, n_vocab, params)
     check_logit_bias(params, n_vocab)
-    if coupled and not params.greedy and not params.penalised and params.grammar is None:
-        return CoupledSampler(params)
+    if coupled and not params.greedy and not params.penalised:
+        return CoupledSampler(params, GrammarMask(lib, vocab, n_vocab, params) if params.grammar is not None else None)
     from llama_cpp._internals import LlamaSampler
 
     sampler = LlamaSampler()

@@ -22,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ..errors import InvalidRequestError
+from .coupling import Coupling, new_seed
 
 __all__ = [
     "DEFAULT_TEMPERATURE",
@@ -184,6 +185,11 @@ class TokenChooser:
     def __init__(self, params: SamplingParams) -> None:
         self.params = params
         self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)  # a negative seed too
+        #: Draws by sequence position with the shared noise (what verified checks draw), when the
+        #: caller says the position (the serving engine); the bias is already in :meth:`adjust`.
+        self.coupling = None if params.greedy else Coupling(
+            seed=new_seed() if params.seed is None else params.seed, temperature=params.temperature,
+            top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
 
     def adjust(self, row: npt.NDArray[Any], recent: Sequence[int] = ()) -> npt.NDArray[Any]:
         """``row`` with the penalties (over the last :data:`PENALTY_LAST_N` of ``recent``) and the
@@ -199,10 +205,13 @@ class TokenChooser:
             row[token] += bias
         return row
 
-    def pick(self, row: npt.NDArray[Any]) -> int:
-        """The greedy argmax of an adjusted ``row``, or a draw from its sampling distribution."""
+    def pick(self, row: npt.NDArray[Any], position: int | None = None) -> int:
+        """The greedy argmax of an adjusted ``row``, or a draw from its sampling distribution
+        (``position`` in the sequence given: the coupled draw there)."""
         if self.params.greedy:
             return int(np.argmax(row))
+        if position is not None and self.coupling is not None:
+            return self.coupling.pick(row, position)
         params = self.params
         probs = sampling_distribution(row, params.temperature, params.top_p, params.top_k, params.min_p)
         return int(self.rng.choice(probs.size, p=probs))

@@ -30,6 +30,7 @@ from .chunks import log_partition, top_tokens
 
 if TYPE_CHECKING:
     from .coupling import Coupling
+    from .held import HeldPicker
 
 __all__ = ["Scored", "TokenScore", "TokenSession", "check_token_ids", "score_rows"]
 
@@ -56,15 +57,28 @@ class TokenScore:
 
 
 def score_rows(rows: Sequence[npt.NDArray[Any]], tokens: Sequence[int], start: int, top_n: int,
-               coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+               coupling: Coupling | None = None,
+               held: HeldPicker | None = None) -> tuple[list[TokenScore], TokenScore]:
     """Scores from logits rows: ``rows[i]`` predicts ``tokens[start + i]``; the last row predicts the
-    token after them all (the next token: the greedy one, or ``coupling``'s pick). With ``coupling``
-    every row also carries the model's pick at its position."""
+    token after them all (the next token: the greedy one, or the pick). With ``coupling`` every row
+    also carries the model's pick at its position; with ``held`` (a grammar state at ``start``)
+    the picks are held to the grammar, which advances by each given token that equals the pick —
+    after the first that does not, no more picks are made (the check ends there)."""
     scores = []
     for i, logits in enumerate(rows):
         at = start + i
         log_z = log_partition(logits)
-        pick = coupling.pick(logits, at) if coupling is not None else None
+        pick = None
+        if held is not None:
+            if not held.stopped:
+                pick = held.choose(logits, at)
+                if at < len(tokens):
+                    if tokens[at] == pick:
+                        held.accept(pick)
+                    else:
+                        held.stopped = True
+        elif coupling is not None:
+            pick = coupling.pick(logits, at)
         token = tokens[at] if at < len(tokens) else pick if pick is not None else int(logits.argmax())
         scores.append(TokenScore(token=token, logprob=min(0.0, float(logits[token]) - log_z),
                                  top=top_tokens(logits, top_n, log_z), pick=pick))

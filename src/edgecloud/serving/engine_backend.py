@@ -31,6 +31,7 @@ from ..engine.model import DEFAULT_N_CTX
 from ..store.catalogue import DEFAULT_MODEL
 from ..runtime.chunks import AnswerChunks
 from ..runtime.coupling import Coupling
+from ..runtime.held import HeldGrammar, held_picker
 from ..runtime.scoring import TokenScore, check_token_ids, score_rows
 from ..runtime.sampling import check_logit_bias
 from ..errors import BackendUnavailableError, ConfigError
@@ -177,10 +178,10 @@ class TorchEngineBackend(BatchedEngineBackend):
         if tokenizer is not None:
             tokenizer.close()
 
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens this backend evaluates for ``messages``."""
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages`` (with the ``tools`` offered)."""
         self.load()
-        return self._tokenizer.encode_chat(messages)
+        return self._tokenizer.encode_chat(messages, tools=tools)
 
     def tokenize_text(self, text: str) -> list[int]:
         """``text`` as this model's token ids (special tokens parsed, no BOS added)."""
@@ -192,10 +193,10 @@ class TorchEngineBackend(BatchedEngineBackend):
         self.load()
         return bytes(self._tokenizer.token_to_piece(token, special=False))
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
-              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1, coupling: Coupling | None = None,
+              grammar: HeldGrammar | None = None) -> tuple[list[TokenScore], TokenScore]:
         """How the model scores ``tokens[start:]`` given what precedes each, and its next token (greedy,
-        or ``coupling``'s pick, with the picks at every position):
+        or the pick: ``coupling``'s draw, held to ``grammar``; with the picks at every position):
         one forward pass over the sequence (logits kept for the scored rows only), run between the
         scheduler's steps, so ``/v1/completions`` scoring (checked and verified mode) works on this
         engine too."""
@@ -206,6 +207,7 @@ class TorchEngineBackend(BatchedEngineBackend):
         model = self._transformer
         import torch
 
+        held = held_picker(self._tokenizer.grammar_mask, grammar, coupling, tokens, start)  # bad input fails first
         with scheduler.step_lock, torch.inference_mode():
             cache = model.new_cache(len(tokens) + 1)
             ids = torch.tensor(tokens, dtype=torch.long, device=model.device)
@@ -213,7 +215,11 @@ class TorchEngineBackend(BatchedEngineBackend):
         if self.metrics is not None:
             self.metrics.on_forward()
         logits = rows.float().cpu().numpy()
-        return score_rows(list(logits), tokens, start, top_n, coupling)  # row i predicts tokens[start + i]
+        try:
+            return score_rows(list(logits), tokens, start, top_n, coupling, held)  # row i predicts tokens[start + i]
+        finally:
+            if held is not None:
+                held.close()
 
     # ------------------------------------------------------------------ requests
 

@@ -27,6 +27,7 @@ from ..runtime.completions import CompletionRequest
 from ..runtime.llama_cpp import physical_cores
 from ..runtime.llamacpp_sampler import make_sampler
 from ..runtime.coupling import Coupling
+from ..runtime.held import HeldGrammar, held_picker
 from ..runtime.scoring import TokenScore, check_token_ids
 from ..store.catalogue import DEFAULT_MODEL
 from ..types import ChatRequest, RouteInfo
@@ -175,10 +176,10 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
 
     # ------------------------------------------------------------------ tokens
 
-    def tokenize_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt tokens this backend evaluates for ``messages``."""
+    def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """The prompt tokens this backend evaluates for ``messages`` (with the ``tools`` offered)."""
         self.load()
-        return self._tokenizer.encode_chat(messages)
+        return self._tokenizer.encode_chat(messages, tools=tools)
 
     def tokenize_text(self, text: str) -> list[int]:
         """``text`` as this model's token ids (special tokens parsed, no BOS added)."""
@@ -190,16 +191,21 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
         self.load()
         return self._tokenizer.token_to_piece(token, special=False)
 
-    def score(self, tokens: list[int], *, start: int, top_n: int = 1,
-              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+    def score(self, tokens: list[int], *, start: int, top_n: int = 1, coupling: Coupling | None = None,
+              grammar: HeldGrammar | None = None) -> tuple[list[TokenScore], TokenScore]:
         """How this model scores ``tokens[start:]`` given what precedes each, and its next token
-        (greedy, or ``coupling``'s pick, with the picks at every position): one pass over the
-        positions the chosen slot does not hold (a verifier's k + 1)."""
+        (greedy, or the pick: ``coupling``'s draw, held to ``grammar``; with the picks at every
+        position): one pass over the positions the chosen slot does not hold (a verifier's k + 1)."""
         if not 1 <= start <= len(tokens):
             raise ConfigError(f"start must be in 1..{len(tokens)}, got {start}")
         scheduler = self.scheduler
         check_token_ids(tokens, self._tokenizer.vocab_size, self.n_ctx - 1)
-        return scheduler.score(list(tokens), start, top_n, coupling)  # type: ignore[attr-defined]
+        held = held_picker(self._tokenizer.grammar_mask, grammar, coupling, tokens, start)
+        try:
+            return scheduler.score(list(tokens), start, top_n, coupling, held)  # type: ignore[attr-defined]
+        finally:
+            if held is not None:
+                held.close()
 
     # ------------------------------------------------------------------ requests
 

@@ -56,6 +56,7 @@ from ..runtime.kv_tiers import SlotKVStore
 from ..runtime.prefix_cache import common_prefix_len_np
 from ..runtime.sampling import SamplingParams
 from ..runtime.coupling import Coupling
+from ..runtime.held import HeldPicker
 from ..runtime.scoring import TokenScore, score_rows
 from .batching import BatchScheduler, BatchSequence
 from .speculative import Planned, SpecState, Speculator
@@ -146,12 +147,12 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             self._cond.notify()
         return future.result(timeout)
 
-    def score(self, tokens: list[int], start: int, top_n: int,
-              coupling: Coupling | None = None) -> tuple[list[TokenScore], TokenScore]:
+    def score(self, tokens: list[int], start: int, top_n: int, coupling: Coupling | None = None,
+              held: HeldPicker | None = None) -> tuple[list[TokenScore], TokenScore]:
         """Scores of ``tokens[start:]`` (each given what precedes it) and the next token (greedy, or
-        ``coupling``'s pick, with the picks at every position), in one pass over the positions the
-        chosen slot does not hold yet."""
-        return self.call(lambda slot: self._score(slot, tokens, start, top_n, coupling), tokens[:start])
+        the pick: ``coupling``'s draw, held to ``held``'s grammar; with the picks at every
+        position), in one pass over the positions the chosen slot does not hold yet."""
+        return self.call(lambda slot: self._score(slot, tokens, start, top_n, coupling, held), tokens[:start])
 
     def _has_work(self) -> bool:
         return bool(self._waiting or self._running or self._calls)
@@ -171,8 +172,8 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
                 self._forget(slot)
                 future.set_exception(exc)
 
-    def _score(self, slot: _Slot, tokens: list[int], start: int, top_n: int,
-               coupling: Coupling | None) -> tuple[list[TokenScore], TokenScore]:
+    def _score(self, slot: _Slot, tokens: list[int], start: int, top_n: int, coupling: Coupling | None,
+               held: HeldPicker | None) -> tuple[list[TokenScore], TokenScore]:
         ctx = self.context
         reuse = self._reuse(slot, tokens[:start])
         # what the slot lacks of the context and the scored block in one batch (one forward pass
@@ -190,7 +191,7 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             slot.tokens.extend(tokens[first:last])
             rows += [ctx.logits(row).copy() for row, p in enumerate(range(first, last)) if p >= start - 1]
         # rows[i] holds the logits after position start - 1 + i: they predict tokens[start + i]
-        return score_rows(rows, tokens, start, top_n, coupling)
+        return score_rows(rows, tokens, start, top_n, coupling, held)
 
     # ------------------------------------------------------------------ slots
 

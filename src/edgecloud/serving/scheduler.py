@@ -227,7 +227,7 @@ class Scheduler(BatchScheduler[Sequence]):
         elif _shaped(seq):
             tokens = [self._constrained(seq, row[-1])]
         elif plan is None:
-            tokens = [seq.chooser.pick(row[0].float().numpy())]
+            tokens = [seq.chooser.pick(row[0].float().numpy(), len(seq.prompt) + len(seq.output))]
         else:
             assert self.speculator is not None and seq.cache is not None
             verdict = self.speculator.verify(
@@ -255,7 +255,8 @@ class Scheduler(BatchScheduler[Sequence]):
         row = seq.chooser.adjust(row, seq.output)
         if seq.grammar is not None and seq.params.greedy:
             return int(seq.grammar.greedy(row))
-        token = seq.chooser.pick(seq.grammar.mask(row) if seq.grammar is not None else row)
+        token = seq.chooser.pick(seq.grammar.mask(row) if seq.grammar is not None else row,
+                                 len(seq.prompt) + len(seq.output))
         if seq.grammar is not None:
             seq.grammar.accept(token)
         return token

@@ -57,7 +57,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Send
 
-from ..backend import Backend, aclose_stream
+from ..backend import Backend, ChatTokenizer, aclose_stream
 from ..errors import (AuthenticationError, ContextOverflowError, EdgeCloudError, InvalidRequestError, ModelNotFoundError,
                       RateLimitedError, SessionExpiredError)
 from ..observability.server_metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -279,6 +279,27 @@ def create_app(
         check_key(request)
         card = {"id": model_name, "object": "model", "created": created, "owned_by": "edgecloud"}
         return {"object": "list", "data": [card]}
+
+    @app.post("/tokenize")
+    async def tokenize(request: Request) -> Response:
+        """vLLM's ``/tokenize`` for chat: the prompt token ids this server evaluates for ``messages``
+        (and ``tools``), so a client drafting for it starts from the server's own rendering."""
+        try:
+            check_key(request)
+            body = await _read_json(request, max_body_bytes)
+            if not isinstance(body, dict) or "messages" not in body:
+                raise InvalidRequestError("send messages (and tools) to tokenize a chat prompt", param="messages")
+            if body.get("add_generation_prompt", True) is not True:
+                raise InvalidRequestError("only add_generation_prompt=true is served here", param="add_generation_prompt")
+            ask = {k: v for k, v in body.items() if k in ("model", "messages", "tools", "tool_choice")}
+            chat = ChatRequest.parse(ask)
+            check_model(chat.model)
+            if not isinstance(backend, ChatTokenizer):
+                raise InvalidRequestError(f"/tokenize is not served by the {backend.name} runtime", param="messages")
+            tokens = await asyncio.to_thread(backend.tokenize_chat, chat.message_dicts(), chat.tool_dicts())
+            return JSONResponse({"count": len(tokens), "max_model_len": backend.n_ctx, "tokens": tokens})
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
+            return error_response(exc)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
