@@ -120,7 +120,7 @@ def test_streamed_calls_keep_their_shape(edge: Backend, cloud: ServeProcess) -> 
 
 
 def test_a_cloud_that_ignores_the_grammar_is_never_an_unconstrained_answer(edge: Backend, cloud: ServeProcess) -> None:
-    with ignoring(cloud.url, ("grammar", "grammar_triggers", "grammar_from"), "grammar") as url:
+    with ignoring(cloud.url, ("grammar", "grammar_from"), "grammar") as url:
         with client(edge, url) as c:
             answer = c.chat.completions.create(**CASES["json_schema"], temperature=0, max_tokens=80)
             assert answer.route.collab != "verified" and "grammar" in answer.route.reason
@@ -133,11 +133,18 @@ def test_a_cloud_that_ignores_the_grammar_is_never_an_unconstrained_answer(edge:
         assert refused.value.extension == "grammar"
 
 
+JSON = {"response_format": {"type": "json_object"}}
+
+
 @pytest.mark.parametrize(("extra", "param"), [
-    ({"grammar": "root ::= (", "grammar_from": 2}, "grammar"),  # does not compile
-    ({"grammar": 'root ::= "x"', "grammar_from": 9}, "grammar_from"),  # after the first checked token
-    ({"grammar": 'root ::= "zzzz"', "grammar_from": 1}, "grammar_from"),  # the answer so far breaks it
-    ({"grammar": 'root ::= "x"'}, "grammar_from"),
+    ({"grammar": {"response_format": {"type": "json_schema"}}, "grammar_from": 2}, "grammar"),  # no schema
+    ({"grammar": {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+                  "tool_choice": {"type": "function", "function": {"name": "g"}}}, "grammar_from": 2}, "grammar"),
+    ({"grammar": {"response_format": {"type": "text"}}, "grammar_from": 2}, "grammar"),  # nothing to hold to
+    ({"grammar": {"gbnf": "root ::= ("}, "grammar_from": 2}, "grammar"),  # no raw grammar from the wire
+    ({"grammar": JSON, "grammar_from": 9}, "grammar_from"),  # after the first checked token
+    ({"grammar": JSON, "grammar_from": 1}, "grammar_from"),  # the answer so far is no JSON
+    ({"grammar": JSON}, "grammar_from"),
     ({"grammar_from": 1}, "grammar"),
 ])
 def test_bad_grammar_checks_are_400s_naming_the_field(cloud: ServeProcess, extra: dict[str, Any], param: str) -> None:

@@ -121,7 +121,7 @@ _EXTENSION_FIELDS: dict[Capability, tuple[str, ...]] = {
 #: The fields a coupled check adds to a scoring request (:meth:`Coupling.wire <edgecloud.runtime.coupling.Coupling.wire>`).
 _COUPLING_FIELDS = ("coupling", "seed", "temperature", "top_p", "top_k", "min_p", "logit_bias")
 #: The fields a grammar-held check adds (:meth:`HeldGrammar.wire <edgecloud.runtime.held.HeldGrammar.wire>`).
-_GRAMMAR_FIELDS = ("grammar", "grammar_triggers", "grammar_from")
+_GRAMMAR_FIELDS = ("grammar", "grammar_from")
 
 
 def _extensions(body: dict[str, Any]) -> list[Capability]:

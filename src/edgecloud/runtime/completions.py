@@ -36,7 +36,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 
 from ..errors import InvalidRequestError
 from .coupling import SCHEME, Coupling
-from .held import HeldGrammar
+from .held import GRAMMAR_FIELDS, HeldGrammar
 from .scoring import TokenScore
 from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_bias, check_stop, check_text, now
 
@@ -112,11 +112,10 @@ class CompletionRequest(_Validated):
     coupling: str | None = None
     #: Token id (as a string) -> bias added to its logit (with ``coupling``).
     logit_bias: dict[str, float] | None = None
-    #: edgecloud's extension: with ``echo``, hold each scored position's pick to this GBNF grammar
-    #: (:mod:`edgecloud.runtime.held`), from sequence position ``grammar_from`` (the answer's start)
-    #: on; ``grammar_triggers``: regular expressions that switch it on (tool calls).
-    grammar: str | None = Field(default=None, min_length=1, max_length=1_000_000)
-    grammar_triggers: list[str] | None = Field(default=None, max_length=64)
+    #: edgecloud's extension: with ``echo``, hold each scored position's pick to the grammar a chat
+    #: request with these fields (``tools``, ``tool_choice``, ``response_format``) is held to
+    #: (:mod:`edgecloud.runtime.held`), from sequence position ``grammar_from`` (the answer's start) on.
+    grammar: dict[str, Any] | None = None
     grammar_from: int | None = Field(default=None, ge=0)
 
     @field_validator("prompt", mode="before")
@@ -177,8 +176,12 @@ class CompletionRequest(_Validated):
             if self.grammar_from is None:
                 raise InvalidRequestError("a grammar-held check needs grammar_from (where the answer starts)",
                                           param="grammar_from")
-        elif self.grammar_triggers is not None or self.grammar_from is not None:
-            raise InvalidRequestError("grammar_triggers and grammar_from go with grammar", param="grammar")
+            unknown = sorted(set(self.grammar) - set(GRAMMAR_FIELDS))
+            if unknown:
+                raise InvalidRequestError(f"grammar takes {', '.join(GRAMMAR_FIELDS)}; not {', '.join(unknown)}",
+                                          param="grammar")
+        elif self.grammar_from is not None:
+            raise InvalidRequestError("grammar_from goes with grammar", param="grammar")
         if self.coupling is None and self.logit_bias and self.scoring:
             raise InvalidRequestError("logit_bias in a scoring request needs coupling (the picks it changes)",
                                       param="logit_bias")
@@ -294,8 +297,7 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         raise InvalidRequestError("with echo, max_tokens may be 0 (score only) or 1 (and the greedy next token)",
                                   param="max_tokens")
     coupling = Coupling.of(request) if request.coupling is not None else None
-    grammar = (HeldGrammar(request.grammar, tuple(request.grammar_triggers or ()), request.grammar_from or 0)
-               if request.grammar is not None else None)
+    grammar = HeldGrammar(request.grammar, request.grammar_from or 0) if request.grammar is not None else None
     if coupling is None and request.temperature not in (None, 0.0):
         raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0 (or send coupling, "
                                   "with the seed, for sampled picks)", param="temperature")

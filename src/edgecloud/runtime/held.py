@@ -1,8 +1,10 @@
 """Checks held to a grammar: tool calls and structured output written by both sides of verified mode.
 
 This module owns :class:`HeldGrammar` (the grammar an answer is held to, as a check carries it:
-the GBNF text, the lazy triggers of ``tool_choice: "auto"``, and the sequence position where the
-answer starts) and :class:`HeldPicker` (one side's grammar state with its picks: the best token
+the request fields it comes from — ``tools``, ``tool_choice``, ``response_format`` — and the
+sequence position where the answer starts; each side derives the GBNF text and the lazy triggers
+of ``tool_choice: "auto"`` from them as it does for a chat request, so no grammar or regular
+expression from the wire reaches llama.cpp unchecked) and :class:`HeldPicker` (one side's grammar state with its picks: the best token
 the grammar allows next, or the coupled draw among the allowed ones; each pick advances the
 grammar). The edge drafts with a picker (a fork of the written answer's state, so drafts run
 ahead and are thrown away on a rejection); the server replays the answer so far into a fresh
@@ -15,6 +17,7 @@ need the GGUF vocabulary (the llama.cpp edge; either ``edgecloud serve`` engine)
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -26,36 +29,49 @@ from .coupling import Coupling
 from .grammar_mask import GrammarMask
 from .sampling import SamplingParams, sampling_params
 
-__all__ = ["HeldGrammar", "HeldPicker", "held_picker"]
+__all__ = ["GRAMMAR_FIELDS", "HeldGrammar", "HeldPicker", "held_picker"]
+
+
+#: The chat request fields a grammar is derived from.
+GRAMMAR_FIELDS = ("tools", "tool_choice", "response_format")
 
 
 @dataclass(frozen=True)
 class HeldGrammar:
     """The grammar an answer is held to (see the module docstring)."""
 
-    gbnf: str
-    #: Regular expressions that switch the grammar on (group 1: where it starts); empty: from the first token.
-    triggers: tuple[str, ...] = ()
+    #: The request fields it comes from (:data:`GRAMMAR_FIELDS`), as JSON.
+    spec: dict[str, Any]
     #: The sequence position of the answer's first token (what precedes it is the prompt).
     start: int = 0
 
     def params(self) -> SamplingParams:
-        """Sampling parameters that carry this grammar (what a grammar state is built from)."""
-        return SamplingParams(max_new_tokens=1, grammar=self.gbnf, grammar_triggers=self.triggers,
-                              grammar_param="grammar")
+        """Sampling parameters that carry this grammar (what a grammar state is built from): the
+        grammar a chat request with these fields is held to. Bad fields are a 400 naming ``grammar``."""
+        from ..types import ChatRequest
+
+        try:
+            chat = ChatRequest(messages=[{"role": "user", "content": "."}], **self.spec)
+        except InvalidRequestError as exc:
+            raise InvalidRequestError(f"invalid 'grammar': {exc}", param="grammar") from exc
+        params = sampling_params(chat, 1, logit_bias=True, grammar=True)
+        if params.grammar is None:
+            raise InvalidRequestError("grammar names no tools to call and no JSON response_format",
+                                      param="grammar")
+        return dataclasses.replace(params, grammar_param="grammar")
 
     def wire(self) -> dict[str, Any]:
         """The request fields that ask a server to check under this grammar."""
-        return {"grammar": self.gbnf, "grammar_triggers": list(self.triggers), "grammar_from": self.start}
+        return {"grammar": self.spec, "grammar_from": self.start}
 
     @classmethod
     def of(cls, request: Any, start: int) -> HeldGrammar | None:
         """The grammar a chat request's answer is held to (its ``response_format`` json or its
         tools), or None; ``start``: the position of the answer's first token."""
-        params = sampling_params(request, 1, logit_bias=True, grammar=True)
-        if params.grammar is None:
+        if sampling_params(request, 1, logit_bias=True, grammar=True).grammar is None:
             return None
-        return cls(params.grammar, params.grammar_triggers, start)
+        spec = request.model_dump(include=set(GRAMMAR_FIELDS), exclude_none=True)
+        return cls(spec, start)
 
 
 class HeldPicker:
