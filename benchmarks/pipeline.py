@@ -194,8 +194,11 @@ def live(args: argparse.Namespace) -> None:
                 seed = int(hashlib.sha256(row["id"].encode()).hexdigest()[:8], 16)
                 return {"temperature": args.temperature, "seed": seed} if args.temperature else {}
 
+            def tagged(tag: str) -> str:  # sampled: one prompt per task for every policy (the same positions, the
+                return tag.split("-")[0] if args.temperature else tag  # same noise: the text compares exactly)
+
             results = _interleave(sample, POLICIES, port,
-                                  lambda name, row, tag: _answer(client, row, tag=tag, **PINS[name], **sampled(row)),
+                                  lambda name, row, tag: _answer(client, row, tag=tagged(tag), **PINS[name], **sampled(row)),
                                   lambda row, text: grade(tasks[row["id"]], text))
     finally:
         server.terminate()
