@@ -9,8 +9,8 @@ from scipy import stats
 
 from edgecloud.errors import InvalidRequestError
 from edgecloud.runtime.completions import CompletionRequest
-from edgecloud.runtime.coupling import Coupling, answer_coupling, gumbel_noise
-from edgecloud.runtime.sampling import sampling_distribution
+from edgecloud.runtime.coupling import Coupling, gumbel_noise
+from edgecloud.runtime.sampling import answer_coupling, sampling_distribution
 from edgecloud.types import ChatRequest
 
 RNG = np.random.default_rng(7)
@@ -126,3 +126,10 @@ def test_bad_coupled_checks_are_refused_by_name(body: dict[str, object], param: 
     with pytest.raises(InvalidRequestError) as caught:
         CompletionRequest(prompt=[1, 2, 3], **body)
     assert caught.value.param == param
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", -2), ("min_p", 1.5), ("min_p", -0.1)])
+def test_bad_truncation_on_a_chat_request_is_refused_by_name(field: str, value: float) -> None:
+    with pytest.raises(InvalidRequestError) as caught:
+        ChatRequest(messages=[{"role": "user", "content": "hi"}], **{field: value})
+    assert caught.value.param == field

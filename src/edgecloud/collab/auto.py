@@ -30,7 +30,7 @@ from collections.abc import Sequence
 
 from ..backend import Backend, Drafter, Verifier
 from ..capabilities import Capability
-from ..runtime.coupling import answer_coupling
+from ..runtime.sampling import answer_coupling
 from ..types import ChatRequest
 
 __all__ = ["answer_coupling", "auto_mode", "choose_mode", "held", "may", "unverifiable"]

@@ -88,6 +88,8 @@ from ..errors import (
     SessionExpiredError,
 )
 from ..runtime.coupling import SCHEME, Coupling
+from ..runtime.coupling import WIRE_FIELDS as COUPLED_FIELDS
+from ..runtime.held import WIRE_FIELDS as HELD_FIELDS
 from ..runtime.held import HeldGrammar
 from ..runtime.scoring import Scored, TokenScore, TokenSession
 from .wire import EventReader, error_fields, translate, usage_counts, wait_hint
@@ -118,10 +120,6 @@ _EXTENSION_FIELDS: dict[Capability, tuple[str, ...]] = {
 }
 
 
-#: The fields a coupled check adds to a scoring request (:meth:`Coupling.wire <edgecloud.runtime.coupling.Coupling.wire>`).
-_COUPLING_FIELDS = ("coupling", "seed", "temperature", "top_p", "top_k", "min_p", "logit_bias")
-#: The fields a grammar-held check adds (:meth:`HeldGrammar.wire <edgecloud.runtime.held.HeldGrammar.wire>`).
-_GRAMMAR_FIELDS = ("grammar", "grammar_from")
 
 
 def _extensions(body: dict[str, Any]) -> list[Capability]:
@@ -411,7 +409,7 @@ class CloudBackend(Backend):
         session, is taken), or None (it refuses scoring itself)."""
         if not isinstance(exc, InvalidRequestError):
             return None
-        for name, fields in (("grammar", _GRAMMAR_FIELDS), ("coupling", _COUPLING_FIELDS)):
+        for name, fields in (("grammar", HELD_FIELDS), ("coupling", COUPLED_FIELDS)):
             if not any(f in body for f in fields):
                 continue
             plain = {k: v for k, v in body.items() if k not in fields and k != "session"}
@@ -450,6 +448,7 @@ class CloudBackend(Backend):
                                 "score_from": start}
         if session is not None:
             body["session"] = {"id": session.id, "base": base}
+        asked: list[Capability] = [n for n, on in (("coupling", coupling), ("grammar", grammar)) if on is not None]
         if coupling is not None:
             if not self.capabilities.may("coupling"):
                 raise ExtensionUnsupportedError(f"{url} does not sample in step with the edge: "
@@ -494,17 +493,13 @@ class CloudBackend(Backend):
                     # a server that holds sessions echoes only what was sent: align with ``tokens``
                     logprobs = {**logprobs, **{key: [None] * base + list(logprobs[key])
                                                for key in ("tokens", "token_logprobs", "top_logprobs")}}
+                # each extension asked for is named in the answer beside the picks (a server that
+                # ignores the fields answers greedy and unconstrained, without them)
                 picks = logprobs.get("picks")
-                coupled = coupling is None or answer.get("coupling") == SCHEME
-                holds = grammar is None or answer.get("grammar") is True
-                if coupling is not None or grammar is not None:
-                    coupled, holds = coupled and isinstance(picks, list), holds and isinstance(picks, list)
-                    if coupled and holds:
-                        logprobs["picks"] = [None] * base + list(picks)
-                for name, shown in (("coupling", coupling is not None and coupled),
-                                    ("grammar", grammar is not None and holds)):
-                    if shown:
-                        self.capabilities.allow(name)  # type: ignore[arg-type]
+                named = {"coupling": answer.get("coupling") == SCHEME, "grammar": answer.get("grammar") is True}
+                ignored = [n for n in asked if not (named[n] and isinstance(picks, list))]
+                if asked and not ignored:
+                    logprobs["picks"] = [None] * base + list(picks)
                 if len(logprobs["tokens"]) < len(tokens) + 1 or len(logprobs["top_logprobs"]) < len(tokens) + 1:
                     said = f"{url} did not return the echoed prompt and the greedy next token (max_tokens=1 with echo)"
                     self.capabilities.refuse("score", said)
@@ -519,11 +514,12 @@ class CloudBackend(Backend):
                 response.close()
         except httpx.HTTPError as exc:
             raise BackendError(f"the scoring answer from {url} broke: {exc}", cause="disconnected") from exc
-        for name, shown in (("coupling", coupled), ("grammar", holds)):
-            if not shown:  # the fields were ignored: a greedy, unconstrained answer came back
+        for name in asked:
+            if name in ignored:
                 said = f"{url} answered a check without its picks under {name!r} (it ignores the fields)"
-                self.capabilities.refuse(name, said)  # type: ignore[arg-type]
+                self.capabilities.refuse(name, said)
                 raise ExtensionUnsupportedError(said, extension=name)
+            self.capabilities.allow(name)
         return logprobs, answer
 
     def score(self, tokens: list[int], *, start: int, top_n: int = 1) -> tuple[list[TokenScore], TokenScore]:

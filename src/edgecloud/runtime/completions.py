@@ -37,6 +37,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from ..errors import InvalidRequestError
 from .coupling import SCHEME, Coupling
 from .held import GRAMMAR_FIELDS, HeldGrammar
+from .sampling import sampling_params
 from .scoring import TokenScore
 from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_bias, check_stop, check_text, now
 
@@ -296,7 +297,7 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     if (request.max_tokens or 0) > 1:
         raise InvalidRequestError("with echo, max_tokens may be 0 (score only) or 1 (and the greedy next token)",
                                   param="max_tokens")
-    coupling = Coupling.of(request) if request.coupling is not None else None
+    coupling = sampling_params(request, 1, logit_bias=True).coupling() if request.coupling is not None else None
     grammar = HeldGrammar(request.grammar, request.grammar_from or 0) if request.grammar is not None else None
     if coupling is None and request.temperature not in (None, 0.0):
         raise InvalidRequestError("scoring is greedy: leave temperature out or set it to 0 (or send coupling, "
@@ -309,8 +310,7 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         raise InvalidRequestError(f"score_from={start} is past the prompt's {len(tokens)} tokens", param="score_from")
     top_n, as_ids = request.logprobs or 0, request.return_tokens_as_token_ids
     picked = coupling is not None or grammar is not None
-    scores, nxt = (backend.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar) if picked
-                   else backend.score(tokens, start=start, top_n=top_n))
+    scores, nxt = backend.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
     generated = [nxt] if request.max_tokens else []
     echoed = tokens + [g.token for g in generated]
     known: dict[int, bytes] = {}  # each distinct token's bytes, asked of the runtime once

@@ -28,7 +28,6 @@ naming the same scheme did not sample this way, and the client treats the check 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -37,10 +36,12 @@ import numpy.typing as npt
 
 from ..errors import InvalidRequestError
 
-__all__ = ["SCHEME", "Coupling", "Picker", "answer_coupling", "gumbel_noise", "new_seed"]
+__all__ = ["SCHEME", "WIRE_FIELDS", "Coupling", "Picker", "gumbel_noise", "new_seed"]
 
 #: The name of the noise function (a version: a different function must get a different name).
 SCHEME = "gumbel-splitmix64-v1"
+#: The request fields a coupled check may carry (:meth:`Coupling.wire`).
+WIRE_FIELDS = ("coupling", "seed", "temperature", "top_p", "top_k", "min_p", "logit_bias")
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
@@ -162,29 +163,6 @@ class Coupling:
         if self.bias:
             body["logit_bias"] = {str(t): v for t, v in self.bias}
         return body
-
-    @classmethod
-    def of(cls, request: Any, seed: int | None = None) -> Coupling:
-        """The sampler a chat or completions request asks for (OpenAI's defaults: temperature 1,
-        top-p 1); ``seed``: used when the request names none (else a fresh one)."""
-        bias: Mapping[str, float] = request.logit_bias or {}
-        chosen = request.seed if request.seed is not None else seed if seed is not None else new_seed()
-        return cls(seed=int(chosen),
-                   temperature=1.0 if request.temperature is None else float(request.temperature),
-                   top_p=1.0 if request.top_p is None else float(request.top_p),
-                   top_k=max(0, request.top_k or 0),
-                   min_p=float(request.min_p or 0.0),
-                   bias=tuple((int(t), float(v)) for t, v in bias.items()))
-
-
-def answer_coupling(request: Any) -> Coupling | None:
-    """How an answer to ``request`` samples when two models write it: None for plain greedy
-    (``temperature`` 0, no ``logit_bias``), else the request's :class:`Coupling` (a fresh seed
-    unless it names one). A request that leaves ``temperature`` out samples at 1, as OpenAI's
-    API and the cloud alone do."""
-    if request.temperature == 0.0 and not request.logit_bias:
-        return None
-    return Coupling.of(request)
 
 
 def _nucleus(scaled: npt.NDArray[np.float64], ids: npt.NDArray[np.int64] | None,

@@ -29,11 +29,13 @@ from .coupling import Coupling
 from .grammar_mask import GrammarMask
 from .sampling import SamplingParams, sampling_params
 
-__all__ = ["GRAMMAR_FIELDS", "HeldGrammar", "HeldPicker", "held_picker"]
+__all__ = ["GRAMMAR_FIELDS", "WIRE_FIELDS", "HeldGrammar", "HeldPicker", "held_picker"]
 
 
 #: The chat request fields a grammar is derived from.
 GRAMMAR_FIELDS = ("tools", "tool_choice", "response_format")
+#: The request fields a grammar-held check carries (:meth:`HeldGrammar.wire`).
+WIRE_FIELDS = ("grammar", "grammar_from")
 
 
 @dataclass(frozen=True)

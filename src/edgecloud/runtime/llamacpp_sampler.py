@@ -16,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidRequestError
-from .coupling import Coupling, new_seed
 from .grammar_mask import GrammarMask, grammar_stage
 from .held import HeldPicker
 from .sampling import PENALTY_LAST_N, SamplingParams, check_logit_bias
@@ -55,9 +54,7 @@ class CoupledSampler:
     draws are held to a grammar (a tool call, ``response_format``), as verified checks hold them."""
 
     def __init__(self, params: SamplingParams, mask: GrammarMask | None = None) -> None:
-        self.coupling = Coupling(seed=new_seed() if params.seed is None else params.seed,
-                                 temperature=params.temperature, top_p=params.top_p, top_k=params.top_k,
-                                 min_p=params.min_p, bias=params.logit_bias)
+        self.coupling = params.coupling()
         self._held = HeldPicker(mask, self.coupling) if mask is not None else None
 
     def pick(self, logits: Any, position: int) -> int:

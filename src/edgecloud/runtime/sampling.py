@@ -31,6 +31,7 @@ __all__ = [
     "PENALTY_LAST_N",
     "SamplingParams",
     "TokenChooser",
+    "answer_coupling",
     "check_logit_bias",
     "sampling_distribution",
     "sampling_params",
@@ -86,6 +87,12 @@ class SamplingParams:
         """True when the next token is always the most likely one."""
         return self.temperature == 0.0
 
+    def coupling(self, *, bias: bool = True) -> Coupling:
+        """These settings as the shared-noise sampler (:class:`~edgecloud.runtime.coupling.Coupling`):
+        the seed, else a fresh one; ``bias``: the logit bias inside it (False: applied before)."""
+        return Coupling(seed=new_seed() if self.seed is None else self.seed, temperature=self.temperature,
+                        top_p=self.top_p, top_k=self.top_k, min_p=self.min_p, bias=self.logit_bias if bias else ())
+
     @property
     def penalised(self) -> bool:
         """True when presence or frequency penalties change the logits."""
@@ -140,6 +147,15 @@ def sampling_params(
     )
 
 
+def answer_coupling(request: Any) -> Coupling | None:
+    """How an answer to ``request`` samples when two models write it: None for plain greedy (no
+    ``logit_bias``), else its :class:`~edgecloud.runtime.coupling.Coupling` (a fresh seed unless it
+    names one). A request that leaves ``temperature`` out samples at 1, as OpenAI's API and the
+    cloud alone do."""
+    params = sampling_params(request, 1, logit_bias=True, grammar=True)
+    return None if params.greedy and not params.logit_bias else params.coupling()
+
+
 def check_logit_bias(params: SamplingParams, n_vocab: int) -> None:
     """Refuse a ``logit_bias`` that names a token outside a vocabulary of ``n_vocab`` tokens
     (:class:`~edgecloud.errors.InvalidRequestError` naming the field)."""
@@ -187,9 +203,7 @@ class TokenChooser:
         self.rng = np.random.default_rng(None if params.seed is None else params.seed % 2**64)  # a negative seed too
         #: Draws by sequence position with the shared noise (what verified checks draw), when the
         #: caller says the position (the serving engine); the bias is already in :meth:`adjust`.
-        self.coupling = None if params.greedy else Coupling(
-            seed=new_seed() if params.seed is None else params.seed, temperature=params.temperature,
-            top_p=params.top_p, top_k=params.top_k, min_p=params.min_p)
+        self.coupling = None if params.greedy else params.coupling(bias=False)
 
     def adjust(self, row: npt.NDArray[Any], recent: Sequence[int] = ()) -> npt.NDArray[Any]:
         """``row`` with the penalties (over the last :data:`PENALTY_LAST_N` of ``recent``) and the
