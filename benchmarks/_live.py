@@ -1,5 +1,6 @@
-"""What the live benchmarks share: a real ``edgecloud serve`` on its own core, the server's own
-pass counter, and one streamed answer through the public client with what it cost."""
+"""What the live benchmarks share: a real ``edgecloud serve`` on its own core (its llama.cpp engine,
+or vLLM launched by it), the server's own pass counter, and one streamed answer through the public
+client with what it cost."""
 
 from __future__ import annotations
 
@@ -12,17 +13,33 @@ from typing import Any
 __all__ = ["_answer", "_fresh", "_interleave", "_sample", "_serve", "_server_passes", "_start_server"]
 
 
-def _serve(model: str, port: int, threads: int, core: int | None) -> Any:
+#: vLLM's interpreter for ``engine="vllm"`` (what ``make test`` installs).
+VLLM_PYTHON = ".venv-vllm/bin/python"
+
+
+def _serve(model: str, port: int, threads: int, core: int | None, engine: str = "llamacpp",
+           checks_plugin: bool = True) -> Any:
+    """``edgecloud serve`` on ``core`` (None: every core). ``engine="vllm"``: vLLM launched by it
+    (eager, no compile warm-up; ``checks_plugin`` False: as plain vLLM serves checks)."""
+    import os
     import subprocess
 
     import httpx
 
     command = [sys.executable, "-m", "edgecloud", "serve", "--model", model, "--port", str(port), "--threads",
-               str(threads), "--ctx", "2048", "--log-level", "warning", "--engine", "llamacpp"]
+               str(threads), "--ctx", "2048" if engine == "llamacpp" else "4096", "--log-level", "warning",
+               "--engine", engine]
+    env = dict(os.environ)
+    if engine == "vllm":
+        command += ["--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager"]
+        if not checks_plugin:
+            command.append("--no-vllm-plugin")
+        if core is not None:  # vLLM binds its OpenMP threads itself: to the core it was given
+            env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     if core is not None:
         command = ["taskset", "-c", str(core), *command]
-    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    deadline = time.monotonic() + (300 if engine == "llamacpp" else 1200)
     while time.monotonic() < deadline:
         try:
             if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
@@ -34,12 +51,14 @@ def _serve(model: str, port: int, threads: int, core: int | None) -> Any:
 
 
 def _server_passes(port: int) -> float:
-    """The server's own ``edgecloud:forward_passes_total`` (read past the proxies, from its /metrics)."""
+    """The server's own forward passes (read past the proxies, from its /metrics):
+    ``edgecloud:forward_passes_total``, or vLLM's engine steps (``vllm:iteration_tokens_total``'s
+    count: one pass per step when one request runs at a time)."""
     import httpx
 
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
-               if line.startswith("edgecloud:forward_passes_total"))
+               if line.startswith(("edgecloud:forward_passes_total", "vllm:iteration_tokens_total_count")))
 
 
 def _fresh(messages: list[dict[str, str]], tag: str) -> list[dict[str, str]]:
@@ -90,7 +109,7 @@ def _sample(outcomes: list[dict[str, Any]], per_family: int, skip: int = 0) -> l
     return sample
 
 
-def _start_server(model: str, split: bool) -> tuple[Any, int]:
+def _start_server(model: str, split: bool, engine: str = "llamacpp", checks_plugin: bool = True) -> tuple[Any, int]:
     """``edgecloud serve`` for ``model`` and its port: with ``split``, this process on core 0 and
     the server with one thread on core 1 (as on two machines), else both on every core."""
     import os
@@ -98,7 +117,7 @@ def _start_server(model: str, split: bool) -> tuple[Any, int]:
     if split:
         os.sched_setaffinity(0, {0})
     port = 18000 + os.getpid() % 1000
-    return _serve(model, port, 1 if split else 2, 1 if split else None), port
+    return _serve(model, port, 1 if split else 2, 1 if split else None, engine, checks_plugin), port
 
 
 def _interleave(sample: list[dict[str, Any]], policies: tuple[str, ...], port: int,

@@ -5,6 +5,7 @@ Phases:
     python benchmarks/pipeline.py breakdown                  # where a check's time goes
     python benchmarks/pipeline.py live --split --rtt 0.05    # one core each, as on two machines
     python benchmarks/pipeline.py live --rtt 0.05            # the shared 2-core box
+    python benchmarks/pipeline.py live --split --engine vllm # the cloud: vLLM launched by edgecloud serve
     python benchmarks/pipeline.py report                     # the runs so far -> table + PNG
 
 ``breakdown`` times the parts of one verification round on this machine: the server's forward
@@ -40,11 +41,16 @@ from _live import _answer, _interleave, _sample, _serve, _start_server
 from chat_only import CLOUD_MODEL, EDGE_MODEL, OUTCOMES, RESULTS, _rows
 
 POLICIES = ("all-cloud", "all-edge", "strict", "pipelined")
+#: With ``--engine vllm``: what ``auto`` runs against a plain vLLM (text spans: it holds no token
+#: session) and against vLLM launched by ``edgecloud serve`` (verified, through its checks plugin).
+VLLM_POLICIES = ("all-cloud", "all-edge", "token", "verified")
 PINS: dict[str, dict[str, Any]] = {
     "all-cloud": {"route": "cloud", "collab": "off"},
     "all-edge": {"route": "edge", "collab": "off"},
     "strict": {"collab": {"mode": "verified", "pipeline": False}},
     "pipelined": {},  # the defaults: collab=auto runs verified mode, pipelined
+    "token": {"collab": "token"},
+    "verified": {},
 }
 
 
@@ -159,6 +165,7 @@ def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             "client_passes_vs_server_pooled": round(
                 sum(r["client_passes"] for r in ok) / max(1.0, sum(r["server_passes"] for r in ok)), 4),
             "billed_vs_all_cloud_p50": round(statistics.median(r["billed"] or 0.0 for r in ok), 4),
+            "billed_vs_all_cloud_max": round(max(r["billed"] or 0.0 for r in ok), 4),
             "fallbacks": sum(r["fallbacks"] for r in ok),
             "modes": sorted({str(r["collab"]) for r in ok}),
         }
@@ -182,8 +189,9 @@ def live(args: argparse.Namespace) -> None:
     tasks = {t.id: t for t in load_corpus(full=True)}
     outcomes = _rows(OUTCOMES)
     sample = _sample(outcomes, args.per_family, args.skip)
-    split = args.split
-    server, port = _start_server(str(resolve_model(CLOUD_MODEL)), split)
+    split, vllm = args.split, args.engine == "vllm"
+    policies = VLLM_POLICIES if vllm else POLICIES
+    server, port = _start_server(CLOUD_MODEL if vllm else str(resolve_model(CLOUD_MODEL)), split, args.engine)
     try:
         with LatencyProxy(("127.0.0.1", port), rtt_s=args.rtt) as net, \
                 LlamaCppBackend(str(resolve_model(EDGE_MODEL)), n_threads=1 if split else None) as edge, \
@@ -197,7 +205,7 @@ def live(args: argparse.Namespace) -> None:
             def tagged(tag: str) -> str:  # sampled: one prompt per task for every policy (the same positions, the
                 return tag.split("-")[0] if args.temperature else tag  # same noise: the text compares exactly)
 
-            results = _interleave(sample, POLICIES, port,
+            results = _interleave(sample, policies, port,
                                   lambda name, row, tag: _answer(client, row, tag=tagged(tag), **PINS[name], **sampled(row)),
                                   lambda row, text: grade(tasks[row["id"]], text))
     finally:
@@ -210,10 +218,12 @@ def live(args: argparse.Namespace) -> None:
                     if "raised" not in r and "raised" not in c]
             summary[name]["same_text_as_all_cloud"] = round(sum(same) / max(1, len(same)), 3)
     out = {"rtt_s": args.rtt, "split_cores": split, "temperature": args.temperature, "tasks": len(sample),
+           "engine": args.engine,
            "per_family": args.per_family, "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary,
            "answers": results}
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
-    name = f"pipeline_live_{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}{sampled_tag}.json"
+    engine_tag = "vllm_" if vllm else ""
+    name = f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}{sampled_tag}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 
@@ -227,7 +237,8 @@ def report(args: argparse.Namespace) -> None:
             table.append({"run": path.stem.removeprefix("pipeline_live_"), "policy": name, **{
                 k: s[k] for k in ("ttft_p50", "ttft_vs_all_cloud_p50", "seconds_p50", "e2e_vs_all_cloud_p50",
                                   "e2e_vs_slower_side_p50", "tokens_per_s_p50", "checks_per_answer_p50",
-                                  "server_passes_vs_all_cloud_p50", "billed_vs_all_cloud_p50", "quality_vs_all_cloud")}})
+                                  "server_passes_vs_all_cloud_p50", "billed_vs_all_cloud_p50", "quality_vs_all_cloud")
+                if k in s}})
     print(json.dumps(table, indent=1))
     try:
         import matplotlib
@@ -261,6 +272,9 @@ def main() -> None:
     lv.add_argument("--skip", type=int, default=0, help="tasks of each family to skip (another sample)")
     lv.add_argument("--rtt", type=float, default=0.05, help="round trip to the cloud, seconds (LatencyProxy)")
     lv.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
+    lv.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
+                    help="the cloud: edgecloud serve's llama.cpp engine, or vLLM launched by it (policies "
+                         "all-cloud, all-edge, token: what auto runs on a plain vLLM, verified: the defaults)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")
     sub.add_parser("report")

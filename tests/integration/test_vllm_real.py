@@ -32,7 +32,7 @@ from edgecloud.serving.vllm_launch import find_vllm
 from edgecloud.edge.llamacpp import LlamaCppBackend
 from edgecloud.router.policy import RoutePolicy
 from edgecloud.types import ChatRequest
-from faults import BreaksAfter, free_port
+from faults import BreaksAfter, free_port, ignoring
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV = ROOT / ".venv-vllm"
@@ -148,25 +148,76 @@ def test_the_hybrid_client_uses_vllm_as_its_cloud(vllm_url: str, smollm2_path: P
     assert story.text[at:] == expected
 
 
-def test_the_default_does_not_check_every_block_against_a_cloud_without_sessions(vllm_url: str,
-                                                                                 smollm2_path: Path) -> None:
-    """vLLM scores drafted blocks but holds no token session: every check would send the whole
-    context again. The default learns that from its first check, before anything is shown, and
-    writes the answer with text spans (which vLLM's prefix cache serves); later answers start
-    there. Verified mode asked for by name still checks every block."""
+def test_checks_read_vllms_prefix_cache_in_token_sessions(vllm_url: str) -> None:
+    """With edgecloud's plugin (loaded by the launcher) a check continues a token session: it
+    sends only the new tokens, vLLM reads the context from its prefix cache, and the scores are
+    those of the whole context recomputed (as plain vLLM gives them, through a proxy that drops the
+    plugin's fields). A session vLLM does not hold is sent whole again, with the same scores."""
+    from edgecloud.runtime.scoring import TokenSession
+
+    context = list(range(1000, 1000 + 300))  # past several KV blocks
+    block = [5, 6, 7, 8]
+    with CloudBackend(vllm_url, MODEL, api_key=KEY) as cloud:
+        session = TokenSession()
+        opened = cloud.score_in(session, context, start=len(context) - 1)
+        assert session.supported is True and session.held == len(context) and opened.sent == len(context)
+        checked = cloud.score_in(session, context + block, start=len(context))
+        assert checked.sent == len(block) and checked.held == len(context)
+        again = cloud.score_in(None, context + block, start=len(context))  # no session: the cache still serves it
+        assert again.sent == len(context) + len(block) and again.cached >= len(context) // 2
+        lost = TokenSession(held=len(context), supported=True)  # the server never held this one
+        resent = cloud.score_in(lost, context + block, start=len(context))
+        assert lost.resent == 1 and resent.sent == len(context) + len(block)
+    with ignoring(vllm_url, ("session", "score_from"), "session") as plain, \
+            CloudBackend(plain, MODEL, api_key=KEY) as cloud:
+        recomputed = cloud.score_in(None, context + block, start=len(context))
+        assert recomputed.cached == 0  # plain vLLM: prompt logprobs skip the prefix cache
+    for got in (checked, again, resent):
+        assert [s.token for s in got.scores] == block
+        assert [s.top[0][0] for s in got.scores] == [s.top[0][0] for s in recomputed.scores]
+        assert got.next.top[0][0] == recomputed.next.top[0][0]
+        for ours, theirs in zip(got.scores, recomputed.scores):
+            assert abs(ours.logprob - theirs.logprob) < 0.1
+
+
+def test_the_default_verifies_against_vllm_launched_by_edgecloud(vllm_url: str, smollm2_path: Path) -> None:
+    """The default (collab=auto) runs verified mode against vLLM launched by ``edgecloud serve``:
+    the answer is the cloud's own greedy text, each check sends only what is new."""
     config = {"fallback": {"max_retries": 0, "timeout_s": 120}, "router": {"pii": "off"}}
     with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
         with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
                        cloud_api_key=KEY, config=config) as client:
+            answer = client.chat.completions.create(messages=STORY, max_tokens=40, temperature=0)
+            cloud = client.chat.completions.create(messages=STORY, max_tokens=40, temperature=0, route="cloud",
+                                                   collab="off")
+            capabilities = client.stats()["clouds"][0]["capabilities"]
+    route, cost = answer.route, answer.cost
+    assert route.collab == "verified" and route.cloud_calls >= 2 and not route.fallbacks
+    assert capabilities["sessions"] is True and capabilities["score"] is True
+    # in a session the prompt is sent once, then only the new tokens of each check
+    assert cost.cloud_input_tokens < answer.usage.prompt_tokens + answer.usage.completion_tokens + 16 * route.cloud_calls
+    assert answer.text.split()[:6] == cloud.text.split()[:6]
+
+
+def test_the_default_does_not_check_every_block_against_a_plain_vllm(vllm_url: str, smollm2_path: Path) -> None:
+    """A plain vLLM (here: a proxy that drops the plugin's fields) scores drafted blocks but holds
+    no token session: every check would send, and recompute, the whole context. The default learns
+    that from its first check, before anything is shown, and writes the answer with text spans
+    (which vLLM's prefix cache serves); later answers start there. Verified mode asked for by name
+    still checks every block."""
+    config = {"fallback": {"max_retries": 0, "timeout_s": 120}, "router": {"pii": "off"}}
+    with ignoring(vllm_url, ("session", "score_from"), "session") as plain, \
+            LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
+        with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=plain, cloud_model=MODEL,
+                       cloud_api_key=KEY, config=config) as client:
             first = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0)
             later = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0)
             capabilities = client.stats()["clouds"][0]["capabilities"]
-    assert first.text and later.text
-    assert first.route.collab == later.route.collab == "token"
-    assert any(n.code == "collab_mode" and "'sessions'" in n.text for n in first.route.notes)
-    assert capabilities["sessions"] is False and capabilities["score"] is True
-    with LlamaCppBackend(str(smollm2_path), n_ctx=1024) as edge:
-        with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=vllm_url, cloud_model=MODEL,
+        assert first.text and later.text
+        assert first.route.collab == later.route.collab == "token"
+        assert any(n.code == "collab_mode" and "'sessions'" in n.text for n in first.route.notes)
+        assert capabilities["sessions"] is False and capabilities["score"] is True
+        with EdgeCloud(edge_model=None, edge_backend=edge, cloud_base_url=plain, cloud_model=MODEL,
                        cloud_api_key=KEY, config=config) as client:
             answer = client.chat.completions.create(messages=QUESTION, max_tokens=16, temperature=0,
                                                     collab="verified")

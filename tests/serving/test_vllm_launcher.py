@@ -145,7 +145,23 @@ def test_cpu_environment_binds_every_core_unless_set() -> None:
     mine = vllm_environment(VLLMSettings(HF_REPO, threads=1), cpu=True,
                             base={"VLLM_CPU_KVCACHE_SPACE": "3"})
     assert mine["VLLM_CPU_OMP_THREADS_BIND"] == "0" and mine["VLLM_CPU_KVCACHE_SPACE"] == "3"
-    assert vllm_environment(VLLMSettings(HF_REPO), cpu=False, base={"A": "1"}) == {"A": "1"}
+    assert vllm_environment(VLLMSettings(HF_REPO, checks_plugin=False), cpu=False, base={"A": "1"}) == {"A": "1"}
+
+
+def test_vllm_finds_the_checks_plugin_on_its_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """vLLM loads general plugins by entry point in each of its processes: the folder the launcher
+    puts first on vLLM's PYTHONPATH (keeping the caller's) must name one, and it must load."""
+    import importlib.metadata
+    import sys
+
+    env = vllm_environment(VLLMSettings(HF_REPO), cpu=False, base={"PYTHONPATH": "/elsewhere"})
+    first, rest = env["PYTHONPATH"].split(os.pathsep)
+    assert rest == "/elsewhere"
+    monkeypatch.syspath_prepend(first)
+    [plugin] = [e for e in importlib.metadata.entry_points(group="vllm.general_plugins") if e.value.startswith("edgecloud")]
+    register = plugin.load()
+    assert callable(register) and sys.modules[plugin.module].__file__.startswith(first)
+    assert "PYTHONPATH" not in vllm_environment(VLLMSettings(HF_REPO, checks_plugin=False), cpu=False, base={})
 
 
 def test_sources_pass_repos_and_checkpoints_through(tmp_path: Path) -> None:

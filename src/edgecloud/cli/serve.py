@@ -65,6 +65,11 @@ def serve_command(
     tokenizer: str | None = typer.Option(None, "--tokenizer", help="vllm: a Hugging Face tokenizer (default: the checkpoint's own)."),
     vllm_args: list[str] = typer.Option([], "--vllm-arg", help="vllm: one more vLLM flag, passed verbatim (repeat it; e.g. --vllm-arg=--enforce-eager)."),
     vllm_python: str | None = typer.Option(None, "--vllm-python", help="vllm: the Python whose environment has vLLM (default: $EDGECLOUD_VLLM_PYTHON, else this one)."),
+    vllm_plugin: bool = typer.Option(
+        True, "--vllm-plugin/--no-vllm-plugin",
+        help="vllm: load edgecloud's plugin, so verified-mode checks read vLLM's prefix cache in token sessions "
+             "(off: vLLM recomputes the whole context for every check, as plain vLLM does).",
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="vllm: print the command instead of running it."),
     kv_offload: float | None = typer.Option(
         None, "--kv-offload", help="vllm: GiB of KV blocks offloaded out of GPU memory and reused from there "
@@ -108,6 +113,7 @@ def serve_command(
         spec_k_max=spec_k_max, host=host, port=port, api_key=api_key or os.environ.get("EDGECLOUD_API_KEY"),
         served_model_name=served_model_name, kv_offload=kv_offload, kv_offload_backend=kv_offload_backend,
         kv_ram_mib=kv_ram_mib, kv_disk_mib=kv_disk_mib, kv_dir=kv_dir, disaggregate=disaggregate,
+        vllm_plugin=vllm_plugin,
     )
     if options.spec_mode not in SPEC_MODES:
         raise _fail(f"unknown --spec {options.spec_mode!r}; use one of {', '.join(SPEC_MODES)}")
@@ -123,7 +129,7 @@ def serve_command(
         "--dry-run": dry_run, "--draft-model": draft_model is not None, "--spec": spec is not None,
         "--kv-offload": kv_offload is not None, "--kv-offload-backend": kv_offload_backend != "native",
         "--kv-ram-mib": kv_ram_mib > 0, "--kv-disk-mib": kv_disk_mib > 0, "--kv-dir": kv_dir is not None,
-        "--disaggregate": disaggregate is not None,
+        "--disaggregate": disaggregate is not None, "--no-vllm-plugin": not vllm_plugin,
     }
     try:
         chosen = ENGINES[_auto_engine(vllm_python, given, max_batch, quant) if engine == "auto" else engine]

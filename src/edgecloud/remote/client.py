@@ -315,10 +315,10 @@ class CloudBackend(Backend):
         except ValueError:
             body = None
         status, retry_after = response.status_code, wait_hint(response.headers)
-        message, param, code, _ = error_fields(body, text)
+        message, param, code, kind = error_fields(body, text)
         tries = f" after {attempt + 1} attempts" if attempt else ""
         said = f"{response.request.url} answered {status}{tries}: {message}"
-        error = translate(status, message, param, code, said, retry_after)
+        error = translate(status, message, param, code, said, retry_after, kind)
         return _Failure(error, retryable=status in RETRYABLE_STATUS, retry_after=retry_after)
 
     def _broken(self, exc: httpx.HTTPError, reader: EventReader) -> BackendError:

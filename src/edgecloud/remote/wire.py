@@ -100,9 +100,12 @@ def _first_count(patterns: tuple[str, ...], message: str) -> int:
     return 0
 
 
-def translate(status: int, message: str, param: Any, code: Any, said: str, retry_after: float | None) -> EdgeCloudError:
-    """One HTTP failure -> the edgecloud error a caller can act on (``said`` is the full message)."""
-    if code == "session_expired":
+def translate(status: int, message: str, param: Any, code: Any, said: str, retry_after: float | None,
+              kind: Any = None) -> EdgeCloudError:
+    """One HTTP failure -> the edgecloud error a caller can act on (``said`` is the full message;
+    ``kind``: the error's ``type``, which names an expired session where ``code`` is the status, as
+    vLLM's errors and edgecloud's vLLM plugin give it)."""
+    if "session_expired" in (code, kind):
         return SessionExpiredError(said)
     if code == "context_length_exceeded" or (status == 400 and "maximum context length" in message.lower()):
         error = ContextOverflowError(_first_count(_PROMPT_COUNT, message), _first_count(_CONTEXT_COUNT, message))
@@ -236,7 +239,7 @@ class EventReader:
         message, param, code, kind = error_fields(payload, data)
         status = code if isinstance(code, int) else _STATUS_OF_TYPE.get(str(kind), 500)
         said = f"{self.where} reported an error after {self.delivered} chunks: {message}"
-        return translate(status, message, param, code, said, None)
+        return translate(status, message, param, code, said, None, kind)
 
     def _accept(self, chunk: ChatCompletionChunk, remote: Any) -> list[ChatCompletionChunk]:
         if self._last is None and isinstance(remote, dict) and remote.get("backend"):

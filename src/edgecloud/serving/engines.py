@@ -51,6 +51,8 @@ class ServeOptions:
     kv_ram_mib: int = 0
     kv_disk_mib: int = 0
     kv_dir: str | None = None
+    #: vllm: load edgecloud's plugin (verified-mode checks from vLLM's prefix cache, in token sessions).
+    vllm_plugin: bool = True
 
     @property
     def spec_mode(self) -> str:
@@ -126,7 +128,7 @@ def _vllm(o: ServeOptions) -> int:
         ctx=o.ctx, tensor_parallel_size=o.tensor_parallel_size, served_model_name=o.served_model_name,
         tokenizer=o.tokenizer, threads=o.threads, spec=spec, draft_model=o.draft_model,  # type: ignore[arg-type]
         spec_k_max=o.spec_k_max, extra_args=list(o.vllm_args), kv_offload_gib=o.kv_offload,
-        kv_offload_backend=o.kv_offload_backend,  # type: ignore[arg-type]
+        kv_offload_backend=o.kv_offload_backend, checks_plugin=o.vllm_plugin,  # type: ignore[arg-type]
     )
     return launch_vllm(settings, python=o.vllm_python, dry_run=o.dry_run, disaggregate=o.disaggregate)
 
@@ -138,7 +140,7 @@ ENGINES: dict[str, Engine] = {
                        build=_llamacpp),
     "torch": Engine("torch", _SPEC | {"--quant", "--max-queue", "--quant-config"}, build=_torch),
     "vllm": Engine("vllm", _SPEC | {"--quant", "--tensor-parallel-size", "--dry-run", "--tokenizer", "--vllm-arg",
-                                    "--vllm-python", "--threads", "--kv-offload", "--kv-offload-backend",
+                                    "--vllm-python", "--threads", "--kv-offload", "--kv-offload-backend", "--no-vllm-plugin",
                                     "--disaggregate"},
                    launch=_vllm),
 }

@@ -363,7 +363,7 @@ def launch_disaggregated(settings: VLLMSettings, split: Disaggregation, *, pytho
             env["VLLM_CPU_OMP_THREADS_BIND"] = f"{first}-{first + share - 1}" if share > 1 else str(first)
         if not cpu and nixl:
             env.setdefault("VLLM_NIXL_SIDE_CHANNEL_PORT", str(5600 + n))
-        argv = vllm_command(own, source, python=python, module=module)
+        argv = vllm_command(own, source, python=python, module=module, cpu=cpu)
         instances.append(Instance(role=role, url=f"http://127.0.0.1:{port}", argv=argv))
         envs.append(env)
         print(f"{'' if dry_run else 'edgecloud: '}{role} instance: {format_command(argv, env if cpu else None)}",

