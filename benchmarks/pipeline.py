@@ -139,7 +139,8 @@ def breakdown(args: argparse.Namespace) -> None:
 
 
 def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
-    cloud, edge = results["all-cloud"], results["all-edge"]
+    cloud = results["all-cloud"]
+    edge = results.get("all-edge", cloud)  # without all-edge, the slower side is the cloud
     summary: dict[str, Any] = {}
     for name, rows in results.items():
         ok = [r for r in rows if "raised" not in r]
@@ -191,6 +192,10 @@ def live(args: argparse.Namespace) -> None:
     sample = _sample(outcomes, args.per_family, args.skip)
     split, vllm = args.split, args.engine == "vllm"
     policies = VLLM_POLICIES if vllm else POLICIES
+    chosen = tuple(args.policies.split(",")) if args.policies else policies
+    if "all-cloud" not in chosen or any(p not in PINS for p in chosen):
+        raise SystemExit(f"--policies: all-cloud and any of {', '.join(PINS)}")
+    same_prompt = bool(args.temperature) or args.same_prompt
     server, port = _start_server(CLOUD_MODEL if vllm else str(resolve_model(CLOUD_MODEL)), split, args.engine)
     try:
         with LatencyProxy(("127.0.0.1", port), rtt_s=args.rtt) as net, \
@@ -202,17 +207,17 @@ def live(args: argparse.Namespace) -> None:
                 seed = int(hashlib.sha256(row["id"].encode()).hexdigest()[:8], 16)
                 return {"temperature": args.temperature, "seed": seed} if args.temperature else {}
 
-            def tagged(tag: str) -> str:  # sampled: one prompt per task for every policy (the same positions, the
-                return tag.split("-")[0] if args.temperature else tag  # same noise: the text compares exactly)
+            def tagged(tag: str) -> str:  # sampled, or --same-prompt: one prompt per task for every policy (the
+                return tag.split("-")[0] if same_prompt else tag  # same positions, the same noise: texts compare)
 
-            results = _interleave(sample, policies, port,
+            results = _interleave(sample, chosen, port,
                                   lambda name, row, tag: _answer(client, row, tag=tagged(tag), **PINS[name], **sampled(row)),
                                   lambda row, text: grade(tasks[row["id"]], text))
     finally:
         server.terminate()
         server.wait(30)
     summary = _summary(results)
-    if args.temperature:  # the same seed: the text all-cloud writes, whoever writes it with the cloud
+    if same_prompt:  # the same prompt (and seed): the text all-cloud writes, whoever writes it with the cloud
         for name, rows in results.items():
             same = [r["text_sha"] == c["text_sha"] for r, c in zip(rows, results["all-cloud"])
                     if "raised" not in r and "raised" not in c]
@@ -222,7 +227,7 @@ def live(args: argparse.Namespace) -> None:
            "per_family": args.per_family, "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary,
            "answers": results}
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
-    engine_tag = "vllm_" if vllm else ""
+    engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
     name = f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}{sampled_tag}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
@@ -275,6 +280,10 @@ def main() -> None:
     lv.add_argument("--engine", choices=("llamacpp", "vllm"), default="llamacpp",
                     help="the cloud: edgecloud serve's llama.cpp engine, or vLLM launched by it (policies "
                          "all-cloud, all-edge, token: what auto runs on a plain vLLM, verified: the defaults)")
+    lv.add_argument("--same-prompt", action="store_true",
+                    help="one prompt per task for every policy (texts compare; later policies may find the "
+                         "prompt's KV cached, so read latency from a run without it)")
+    lv.add_argument("--policies", default="", help="a comma-separated subset (all-cloud among them)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")
     sub.add_parser("report")
