@@ -228,7 +228,9 @@ def live(args: argparse.Namespace) -> None:
            "answers": results}
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
     engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
-    name = f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}{sampled_tag}.json"
+    skip_tag = f"_skip{args.skip}" if args.skip else ""
+    name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
+            f"{sampled_tag}{skip_tag}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 

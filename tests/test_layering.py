@@ -49,8 +49,12 @@ RANKS: list[set[str]] = [
 
 
 def _modules() -> dict[str, Path]:
+    """edgecloud's modules: .py files in its packages (a folder without ``__init__.py`` is data the
+    package ships, such as the vLLM plugin, which runs in vLLM's Python and probes vLLM's classes)."""
     out = {}
     for path in ROOT.rglob("*.py"):
+        if any(not (folder / "__init__.py").exists() for folder in path.parents if folder.is_relative_to(ROOT)):
+            continue
         parts = ["edgecloud", *path.relative_to(ROOT).with_suffix("").parts]
         if parts[-1] == "__init__":
             parts.pop()
