@@ -17,10 +17,9 @@ __all__ = ["_answer", "_fresh", "_interleave", "_sample", "_serve", "_server_pas
 VLLM_PYTHON = ".venv-vllm/bin/python"
 
 
-def _serve(model: str, port: int, threads: int, core: int | None, engine: str = "llamacpp",
-           checks_plugin: bool = True) -> Any:
+def _serve(model: str, port: int, threads: int, core: int | None, engine: str = "llamacpp") -> Any:
     """``edgecloud serve`` on ``core`` (None: every core). ``engine="vllm"``: vLLM launched by it
-    (eager, no compile warm-up; ``checks_plugin`` False: as plain vLLM serves checks)."""
+    (with its checks plugin; eager, no compile warm-up)."""
     import os
     import subprocess
 
@@ -32,8 +31,6 @@ def _serve(model: str, port: int, threads: int, core: int | None, engine: str = 
     env = dict(os.environ)
     if engine == "vllm":
         command += ["--vllm-python", VLLM_PYTHON, "--vllm-arg=--enforce-eager"]
-        if not checks_plugin:
-            command.append("--no-vllm-plugin")
         if core is not None:  # vLLM binds its OpenMP threads itself: to the core it was given
             env["VLLM_CPU_OMP_THREADS_BIND"] = str(core)
     if core is not None:
@@ -109,7 +106,7 @@ def _sample(outcomes: list[dict[str, Any]], per_family: int, skip: int = 0) -> l
     return sample
 
 
-def _start_server(model: str, split: bool, engine: str = "llamacpp", checks_plugin: bool = True) -> tuple[Any, int]:
+def _start_server(model: str, split: bool, engine: str = "llamacpp") -> tuple[Any, int]:
     """``edgecloud serve`` for ``model`` and its port: with ``split``, this process on core 0 and
     the server with one thread on core 1 (as on two machines), else both on every core."""
     import os
@@ -117,7 +114,7 @@ def _start_server(model: str, split: bool, engine: str = "llamacpp", checks_plug
     if split:
         os.sched_setaffinity(0, {0})
     port = 18000 + os.getpid() % 1000
-    return _serve(model, port, 1 if split else 2, 1 if split else None, engine, checks_plugin), port
+    return _serve(model, port, 1 if split else 2, 1 if split else None, engine), port
 
 
 def _interleave(sample: list[dict[str, Any]], policies: tuple[str, ...], port: int,

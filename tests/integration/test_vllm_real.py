@@ -180,6 +180,21 @@ def test_checks_read_vllms_prefix_cache_in_token_sessions(vllm_url: str) -> None
             assert abs(ours.logprob - theirs.logprob) < 0.1
 
 
+def test_a_bad_session_or_score_from_is_a_400_naming_it(vllm_url: str) -> None:
+    check = {"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1, "echo": True, "logprobs": 1,
+             "return_tokens_as_token_ids": True}
+    bad = [({"session": {"id": "", "base": 0}}, "session"), ({"session": {"id": "s", "base": -1}}, "session"),
+           ({"session": "s"}, "session"), ({"score_from": -2}, "score_from"), ({"score_from": "3"}, "score_from")]
+    for fields, param in bad:
+        answer = httpx.post(f"{vllm_url}/v1/completions", json={**check, **fields},
+                            headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+        assert answer.status_code == 400, (fields, answer.text)
+        assert answer.json()["error"]["param"] == param
+    expired = httpx.post(f"{vllm_url}/v1/completions", json={**check, "session": {"id": "never", "base": 2}},
+                         headers={"Authorization": f"Bearer {KEY}"}, timeout=60)
+    assert expired.status_code == 409 and expired.json()["error"]["type"] == "session_expired"
+
+
 def test_the_default_verifies_against_vllm_launched_by_edgecloud(vllm_url: str, smollm2_path: Path) -> None:
     """The default (collab=auto) runs verified mode against vLLM launched by ``edgecloud serve``:
     the answer is the cloud's own greedy text, each check sends only what is new."""

@@ -50,7 +50,9 @@ _registered = False
 
 
 class Sessions:
-    """Token ids per session id, least recently used out (vLLM's API server runs one event loop)."""
+    """Token ids per session id, least recently used out (vLLM's API server runs one event loop):
+    what ``edgecloud.serving.sessions.SessionStore`` keeps for ``edgecloud serve``, which this
+    plugin cannot import (vLLM's Python has no edgecloud)."""
 
     def __init__(self, max_sessions: int = MAX_SESSIONS, ttl_s: float = SESSION_TTL_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
@@ -189,19 +191,17 @@ def _patch_completion_serving(module: ModuleType) -> None:
             context = held[:base] + prompt
         request.prompt = context
         as_ids = bool(getattr(request, "return_tokens_as_token_ids", False))
-        drafted = not _is_int(start) or start < len(context) or not as_ids
-        if not drafted:  # nothing to score but the next token: no prompt logprobs (the cache serves it all)
+        echoed = not _is_int(start) or start < len(context) or not as_ids
+        if not echoed:  # nothing to score but the next token: no prompt logprobs (the cache serves it all)
             request.echo = False
         elif start >= 1:
             request.vllm_xargs = {**(request.vllm_xargs or {}), SCORE_FROM: int(start)}
         answer = await create(self, request, raw_request)
         if not hasattr(answer, "choices"):
             return answer  # an error, as vLLM answered it
-        if not drafted:
-            _echo(answer, context)
         if ref is not None:
             SESSIONS.hold(ref[0], context)
-        _shape(answer, base, int(start) if _is_int(start) else 0, ref[0] if ref is not None else None, len(context))
+        _shape(answer, context, base, echoed, ref[0] if ref is not None else None)
         return answer
 
     respond = cls.request_output_to_completion_response
@@ -220,29 +220,23 @@ def _patch_completion_serving(module: ModuleType) -> None:
     cls.request_output_to_completion_response = request_output_to_completion_response
 
 
-def _echo(answer: Any, context: list[int]) -> None:
-    """An answer asked without ``echo`` in the echoed shape: the prompt's positions first, unscored
-    (named by id: only a request that names tokens by id is asked without ``echo``)."""
+def _shape(answer: Any, context: list[int], base: int, echoed: bool, session_id: str | None) -> None:
+    """What was sent, echoed and counted (the held ``base`` tokens as context). An answer asked
+    without ``echo`` (only one naming tokens by id is) gets the sent positions in front, unscored."""
     for choice in answer.choices:
         logprobs = choice.logprobs
         if logprobs is None:
             continue
-        n = len(context)
-        logprobs.tokens = [f"token_id:{t}" for t in context] + list(logprobs.tokens)
-        logprobs.token_logprobs = [None] * n + list(logprobs.token_logprobs)
-        logprobs.top_logprobs = [None] * n + list(logprobs.top_logprobs)
-        logprobs.text_offset = [0] * n + list(logprobs.text_offset)
-
-
-def _shape(answer: Any, base: int, start: int, session_id: str | None, held: int) -> None:
-    """What was sent, echoed and counted (the held ``base`` tokens as context)."""
-    for choice in answer.choices:
-        logprobs = choice.logprobs
-        if logprobs is None:
+        if echoed:
+            for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+                values: Sequence[Any] = getattr(logprobs, field)
+                setattr(logprobs, field, list(values[base:]))
             continue
-        for field in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
-            values: Sequence[Any] = getattr(logprobs, field)
-            setattr(logprobs, field, list(values[base:]))
+        sent = len(context) - base
+        logprobs.tokens = [f"token_id:{t}" for t in context[base:]] + list(logprobs.tokens)
+        logprobs.token_logprobs = [None] * sent + list(logprobs.token_logprobs)
+        logprobs.top_logprobs = [None] * sent + list(logprobs.top_logprobs)
+        logprobs.text_offset = [0] * sent + list(logprobs.text_offset)
     usage = answer.usage
     if usage is not None:
         details = getattr(usage, "prompt_tokens_details", None)
@@ -252,8 +246,7 @@ def _shape(answer: Any, base: int, start: int, session_id: str | None, held: int
         usage.total_tokens -= base
         usage.context_tokens = base
     if session_id is not None:
-        answer.session = {"id": session_id, "tokens": held}
-    answer.scored_from = start
+        answer.session = {"id": session_id, "tokens": len(context)}
 
 
 # -- loading -----------------------------------------------------------------------------------------
