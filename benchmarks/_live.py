@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["_answer", "_fresh", "_interleave", "_sample", "_serve", "_server_passes", "_start_server"]
+__all__ = ["_answer", "_check_ms", "_fresh", "_interleave", "_sample", "_serve", "_server_passes", "_start_server"]
 
 
 #: vLLM's interpreter for ``engine="vllm"`` (what ``make test`` installs).
@@ -56,6 +56,29 @@ def _server_passes(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
                if line.startswith(("edgecloud:forward_passes_total", "vllm:iteration_tokens_total_count")))
+
+
+def _check_ms(cloud: Any, ks: Any, reps: int) -> dict[str, float]:
+    """Median milliseconds of a check of ``k`` drafted tokens through ``cloud`` (a
+    :class:`~edgecloud.remote.client.CloudBackend`), for each ``k``: a token session that holds a
+    300-token context, then the last round's cloud token and ``k`` drafts, one pass."""
+    import statistics
+
+    from edgecloud.runtime.scoring import TokenSession
+
+    session, context = TokenSession(), list(range(1000, 1300))
+    cloud.score_in(session, context, start=len(context) - 1)
+    out: dict[str, float] = {}
+    for k in ks:
+        times = []
+        for rep in range(reps):
+            tokens = context + [2000 + 20 * rep + j for j in range(k + 1)]
+            session.keep(len(context))
+            started = time.perf_counter()
+            cloud.score_in(session, tokens, start=len(context) + 1)
+            times.append(time.perf_counter() - started)
+        out[str(k)] = round(1000 * statistics.median(times), 1)
+    return out
 
 
 def _fresh(messages: list[dict[str, str]], tag: str) -> list[dict[str, str]]:

@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Any
 
-from _live import _answer, _interleave, _sample, _serve, _start_server
+from _live import _answer, _check_ms, _interleave, _sample, _serve, _start_server
 from chat_only import CLOUD_MODEL, EDGE_MODEL, OUTCOMES, RESULTS, _rows
 
 POLICIES = ("all-cloud", "all-edge", "strict", "pipelined")
@@ -49,6 +49,7 @@ PINS: dict[str, dict[str, Any]] = {
     "all-edge": {"route": "edge", "collab": "off"},
     "strict": {"collab": {"mode": "verified", "pipeline": False}},
     "pipelined": {},  # the defaults: collab=auto runs verified mode, pipelined
+    "no-floor": {"collab": {"draft_confidence": 0}},  # the defaults before blocks ended where the edge is unsure
     "token": {"collab": "token"},
     "verified": {},
 }
@@ -63,7 +64,6 @@ def breakdown(args: argparse.Namespace) -> None:
 
     from edgecloud.edge.llamacpp import LlamaCppBackend
     from edgecloud.remote.client import CloudBackend
-    from edgecloud.runtime.scoring import TokenSession
     from edgecloud.serving.llamacpp_engine import LlamaCppEngineBackend
     from edgecloud.store import resolve_model
 
@@ -95,18 +95,7 @@ def breakdown(args: argparse.Namespace) -> None:
     server = _serve(str(resolve_model(CLOUD_MODEL)), port, 1, 1)
     try:
         cloud = CloudBackend(f"http://127.0.0.1:{port}/v1", model=CLOUD_MODEL)
-        session = TokenSession()
-        cloud.score_in(session, context, start=len(context) - 1)
-        http: dict[str, float] = {}
-        for k in (0, 3, 7, 11):
-            times = []
-            for rep in range(args.reps):
-                tokens = context + [2000 + 20 * rep + j for j in range(k + 1)]
-                session.keep(len(context))
-                started = time.perf_counter()
-                cloud.score_in(session, tokens, start=len(context) + 1)
-                times.append(time.perf_counter() - started)
-            http[str(k)] = _median_ms(times)
+        http = _check_ms(cloud, (0, 3, 7, 11), args.reps)
         cloud.close()
         out["http_check_ms_by_k_1_thread"] = http
         out["outside_the_pass_ms_by_k"] = {k: round(http[k] - passes["1_threads"][k], 1) for k in http}

@@ -261,8 +261,8 @@ class WrongDrafts:
             time.sleep(self.delay_s)
             yield (token if (i + 1) % 3 else (token + 1) % 1000), p
 
-    def draft(self, tokens: list[int], k: int, picker: Any = None) -> list[int]:
-        out = self.inner.draft(tokens, k, picker)
+    def draft(self, tokens: list[int], k: int, picker: Any = None, **kw: Any) -> list[int]:
+        out = self.inner.draft(tokens, k, picker, **kw)
         time.sleep(self.delay_s * len(out))
         return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(out)]
 

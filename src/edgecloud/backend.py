@@ -349,8 +349,10 @@ class Drafter(ChatTokenizer, Protocol):
         """Whether ``token`` ends generation."""
         ...
 
-    def draft(self, tokens: list[int], k: int, picker: Picker | None = None) -> list[int]:
-        """The next ``k`` tokens after ``tokens`` (fewer when one ends generation): greedy, or
+    def draft(self, tokens: list[int], k: int, picker: Picker | None = None, *, until_below: float = 0.0,
+              at_least: int = 1) -> list[int]:
+        """The next ``k`` tokens after ``tokens`` (fewer when one ends generation, or after a token
+        whose probability is below ``until_below`` once there are ``at_least``): greedy, or
         ``picker``'s picks (:mod:`edgecloud.runtime.coupling`)."""
         ...
 

@@ -268,6 +268,16 @@ class CollabSettings(_Section):
                           "once, so the cloud's prefill runs while the edge drafts and the first token shown is the "
                           "cloud's own (the answer starts no later than the cloud's alone).",
     )
+    draft_confidence: float = Field(
+        0.7, ge=0, le=1,
+        description="Verified mode's greedy plain answers where the sides take turns (strict rounds, or a cloud on "
+                    "this process's CPUs): a block ends after a drafted token the edge is less sure of than this (its "
+                    "probability of its own pick; the block always holds draft_min tokens), else at draft_max. The "
+                    "tokens it would draft after it are mostly rejected, and each costs a draft step and a position "
+                    "the cloud checks on the user's clock, and an input token billed. 0: blocks of the length the "
+                    "measured costs favour. "
+                    "Chosen held out by task family (benchmarks/draft_stop.py).",
+    )
     draft_min: int = Field(1, ge=1, le=64, description="Checked and verified mode: fewest tokens one check sends.")
     draft_max: int = Field(
         15, ge=1, le=64,

@@ -336,6 +336,9 @@ class CollabOptions(_Validated):
     draft_min: int | None = Field(default=None, ge=1, le=64)
     #: Most tokens a check sends the cloud.
     draft_max: int | None = Field(default=None, ge=1, le=64)
+    #: Verified mode, greedy, the sides taking turns: a block ends after a drafted token the edge is less sure of
+    #: than this.
+    draft_confidence: float | None = Field(default=None, ge=0.0, le=1.0)
     #: Verified mode: the edge drafts on while a check is in flight (false: strict rounds).
     pipeline: bool | None = None
     #: Verified mode, pipelined: the edge drafts while a check is computed (unset: unless the cloud shares the CPUs).

@@ -8,21 +8,16 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import BENCH, load
 
 
 @pytest.fixture(scope="module")
-def bench():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCH))
-    try:
-        import function_calling
-    finally:
-        sys.path.remove(str(BENCH))
-    return function_calling
+def bench() -> ModuleType:
+    return load("function_calling")
 
 
 def test_the_corpus_is_the_committed_one_and_big_enough(bench) -> None:  # type: ignore[no-untyped-def]

@@ -1,5 +1,6 @@
 """The parts of pipelined verified rounds: the check-cost fit, the block it picks, whether the
-cloud shares this process's CPUs, and the edge's line drafted ahead of the checks."""
+cloud shares this process's CPUs, the edge's line drafted ahead of the checks, and a draft that
+ends at the first token the edge is unsure of."""
 
 from __future__ import annotations
 
@@ -70,3 +71,21 @@ def test_the_line_goes_on_where_it_holds_what_was_written(smollm2_path: Path) ->
         line.extend(2)
         line.close()  # (the line holds the edge's greedy stream open between checks)
         assert line.tokens == edge.draft(prompt + whole[:4] + [other], 2)
+
+
+def test_a_draft_ends_after_the_first_token_below_the_floor(smollm2_path: Path) -> None:
+    pytest.importorskip("llama_cpp")
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+
+    with LlamaCppBackend(str(smollm2_path), n_ctx=512) as edge:
+        prompt = edge.tokenize_chat([{"role": "user", "content": "Write a short poem about autumn leaves."}])
+        line = list(edge.greedy(prompt, 15))
+        tokens, probs = [t for t, _ in line], [p for _, p in line]
+        assert edge.draft(prompt, 15) == tokens
+        floor = sorted(probs)[len(probs) // 2]  # the median: some tokens fall below it, some do not
+        first_below = next(i for i, p in enumerate(probs) if p < floor)
+        assert edge.draft(prompt, 15, until_below=floor) == tokens[:first_below + 1]
+        assert edge.draft(prompt, 15, until_below=1.01) == tokens[:1]  # every token is below: one a block
+        assert edge.draft(prompt, 15, until_below=1.01, at_least=4) == tokens[:4]
+        assert edge.draft(prompt, 15, until_below=0.0) == tokens
+

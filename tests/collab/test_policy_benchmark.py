@@ -8,22 +8,17 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from edgecloud.config import CollabSettings, Prices
-
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+from bench_scripts import BENCH, load
 
 
 @pytest.fixture(scope="module")
-def policy_module():  # type: ignore[no-untyped-def]
-    sys.path.insert(0, str(BENCH))
-    try:
-        import hybrid_policy
-    finally:
-        sys.path.remove(str(BENCH))
-    return hybrid_policy
+def policy_module() -> ModuleType:
+    return load("hybrid_policy")
 
 
 def test_a_run_answers_grades_and_costs_each_task_and_resumes(tmp_path: Path, qwen05_path: Path,

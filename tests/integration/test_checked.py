@@ -50,8 +50,8 @@ class Doubting:
         for i, (token, p) in enumerate(self.inner.greedy(tokens, limit, picker)):
             yield token, (0.01 if i % 3 == 2 else p)
 
-    def draft(self, tokens: list[int], k: int, picker: Any = None) -> list[int]:
-        return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(self.inner.draft(tokens, k, picker))]
+    def draft(self, tokens: list[int], k: int, picker: Any = None, **kw: Any) -> list[int]:
+        return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(self.inner.draft(tokens, k, picker, **kw))]
 
 
 def client(edge: Any, url: str, **collab: Any) -> EdgeCloud:

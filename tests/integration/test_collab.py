@@ -163,8 +163,8 @@ def test_verified_text_is_the_clouds_greedy_text_even_with_wrong_drafts(edge: Ba
         def __getattr__(self, name: str) -> Any:
             return getattr(self.inner, name)
 
-        def draft(self, tokens: list[int], k: int, picker: Any = None) -> list[int]:
-            out = self.inner.draft(tokens, k, picker)
+        def draft(self, tokens: list[int], k: int, picker: Any = None, **kw: Any) -> list[int]:
+            out = self.inner.draft(tokens, k, picker, **kw)
             return [t if (i + 1) % 3 else (t + 1) % 1000 for i, t in enumerate(out)]
 
     with client(edge, server.url, MODEL) as c:

@@ -79,6 +79,20 @@ def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: B
             assert final.cost.cloud_passes == final.route.cloud_calls
 
 
+@pytest.mark.parametrize("rounds", [{"pipeline": False}, {"overlap": False}], ids=["strict", "sides-take-turns"])
+def test_a_confidence_floor_ends_blocks_where_the_edge_is_unsure_and_keeps_the_text(edge: Backend, cloud: str,
+                                                                                   rounds: dict[str, Any]) -> None:
+    with client(WrongDrafts(edge), cloud) as c:
+        for prompt in PROMPTS[:2]:
+            free = ask(c, prompt, collab={"mode": "verified", "draft_confidence": 0, **rounds})
+            floored = ask(c, prompt, collab={"mode": "verified", "draft_confidence": 1, **rounds})  # every token below
+            assert text(floored) == text(free), prompt
+            # a block ends after its first token: more checks, each sending the token before it and one draft
+            final = floored[-1]
+            assert final.route.cloud_calls > free[-1].route.cloud_calls
+            assert final.cost.cloud_input_tokens <= final.usage.prompt_tokens + 2 * final.route.cloud_calls
+
+
 @pytest.mark.parametrize("overlap", [True, False])
 def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str, overlap: bool) -> None:
     with client(WrongDrafts(edge, delay_s=0.3), cloud, overlap=overlap) as c:  # an edge slower than the cloud's prefill

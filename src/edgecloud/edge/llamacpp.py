@@ -580,16 +580,19 @@ class LlamaCppBackend(TemplatedBackend):
         """Whether ``token`` ends generation (end of turn / end of text)."""
         return bool(self._lib.llama_vocab_is_eog(self._loaded_vocab(), token))
 
-    def draft(self, tokens: list[int], k: int, picker: Picker | None = None) -> list[int]:
+    def draft(self, tokens: list[int], k: int, picker: Picker | None = None, *, until_below: float = 0.0,
+              at_least: int = 1) -> list[int]:
         """The next ``k`` tokens after ``tokens`` (fewer when one ends generation; it is included):
-        greedy, or ``picker``'s picks. The context keeps ``tokens`` and the draft, so the next
-        call that shares a prefix with them evaluates only what is new."""
+        greedy, or ``picker``'s picks; ``until_below``: the draft also ends after a token whose
+        probability (the model's, of its own pick) is below this, once it holds ``at_least``. The
+        context keeps ``tokens`` and the draft, so the next call that shares a prefix with them
+        evaluates only what is new."""
         if k < 1:
             raise ConfigError(f"k must be >= 1, got {k}")
         out: list[int] = []
-        for token, _ in self.greedy(tokens, k, picker):
+        for token, probability in self.greedy(tokens, k, picker):
             out.append(token)
-            if len(out) >= k:
+            if len(out) >= k or (probability < until_below and len(out) >= at_least):
                 break
         return out
 
