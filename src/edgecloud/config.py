@@ -275,8 +275,7 @@ class CollabSettings(_Section):
                     "probability of its own pick; the block always holds draft_min tokens), else at draft_max. The "
                     "tokens it would draft after it are mostly rejected, and each costs a draft step and a position "
                     "the cloud checks on the user's clock, and an input token billed. 0: blocks of the length the "
-                    "measured costs favour. "
-                    "Chosen held out by task family (benchmarks/draft_stop.py).",
+                    "measured costs favour. Chosen held out by task family (benchmarks/draft_stop.py).",
     )
     draft_min: int = Field(1, ge=1, le=64, description="Checked and verified mode: fewest tokens one check sends.")
     draft_max: int = Field(

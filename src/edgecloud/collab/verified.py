@@ -31,9 +31,9 @@ fails while the edge is ahead leaves the edge to finish (``route.fallbacks``); a
 answer is no longer wanted (the caller stopped reading, the edge failed) is dropped.
 
 **Where a block ends** in greedy plain answers when the sides take turns (strict rounds, and
-pipelined ones against a cloud on this process's CPUs): after the first drafted token the edge is less sure of than
-``collab.draft_confidence`` (its probability of its own pick), else at ``draft_max``. The tokens
-after an unsure one are mostly rejected, and on the user's clock each costs a draft step and a
+pipelined ones against a cloud on this process's CPUs): after the first drafted token the edge
+is less sure of than ``collab.draft_confidence`` (its probability of its own pick), else at
+``draft_max``. The tokens after an unsure one are mostly rejected, and on the user's clock each costs a draft step and a
 position the cloud computes, and an input token billed; the floor was chosen replaying real
 answers held out by task family (``benchmarks/draft_stop.py``). While the edge drafts during
 checks (pipelined rounds) drafting is off the user's clock and the block is the length the
