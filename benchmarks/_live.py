@@ -7,10 +7,11 @@ from __future__ import annotations
 import hashlib
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
-__all__ = ["_answer", "_check_ms", "_fresh", "_interleave", "_sample", "_serve", "_server_passes", "_start_server"]
+__all__ = ["_answer", "_check_ms", "_fresh", "_interleave", "_median_ms", "_sample", "_serve", "_server_passes",
+           "_start_server"]
 
 
 #: vLLM's interpreter for ``engine="vllm"`` (what ``make test`` installs).
@@ -58,12 +59,17 @@ def _server_passes(port: int) -> float:
                if line.startswith(("edgecloud:forward_passes_total", "vllm:iteration_tokens_total_count")))
 
 
-def _check_ms(cloud: Any, ks: Any, reps: int) -> dict[str, float]:
+def _median_ms(seconds: list[float]) -> float:
+    """The median of ``seconds``, in milliseconds to 0.1."""
+    import statistics
+
+    return round(1000 * statistics.median(seconds), 1)
+
+
+def _check_ms(cloud: Any, ks: Iterable[int], reps: int) -> dict[str, float]:
     """Median milliseconds of a check of ``k`` drafted tokens through ``cloud`` (a
     :class:`~edgecloud.remote.client.CloudBackend`), for each ``k``: a token session that holds a
     300-token context, then the last round's cloud token and ``k`` drafts, one pass."""
-    import statistics
-
     from edgecloud.runtime.scoring import TokenSession
 
     session, context = TokenSession(), list(range(1000, 1300))
@@ -77,7 +83,7 @@ def _check_ms(cloud: Any, ks: Any, reps: int) -> dict[str, float]:
             started = time.perf_counter()
             cloud.score_in(session, tokens, start=len(context) + 1)
             times.append(time.perf_counter() - started)
-        out[str(k)] = round(1000 * statistics.median(times), 1)
+        out[str(k)] = _median_ms(times)
     return out
 
 

@@ -47,7 +47,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "src"))
 
-from _live import _check_ms, _sample, _serve  # noqa: E402
+from _live import _check_ms, _median_ms, _sample, _serve  # noqa: E402
 from chat_only import CLOUD_MODEL, EDGE_MODEL, OUTCOMES, RESULTS, _rows  # noqa: E402
 
 TRACES = RESULTS / "draft_stop_traces.jsonl"
@@ -131,9 +131,6 @@ def calibrate(args: argparse.Namespace) -> None:
     CALIBRATION.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=1))
 
-
-def _median_ms(seconds: list[float]) -> float:
-    return round(1000 * statistics.median(seconds), 1)
 
 
 def _line(trace: dict[str, Any], start: int) -> Iterator[tuple[float, bool]]:

@@ -37,7 +37,7 @@ import sys
 import time
 from typing import Any
 
-from _live import _answer, _check_ms, _interleave, _sample, _serve, _start_server
+from _live import _answer, _check_ms, _interleave, _median_ms, _sample, _serve, _start_server
 from chat_only import CLOUD_MODEL, EDGE_MODEL, OUTCOMES, RESULTS, _rows
 
 POLICIES = ("all-cloud", "all-edge", "strict", "pipelined")
@@ -54,9 +54,6 @@ PINS: dict[str, dict[str, Any]] = {
     "verified": {},
 }
 
-
-def _median_ms(seconds: list[float]) -> float:
-    return round(1000 * statistics.median(seconds), 1)
 
 
 def breakdown(args: argparse.Namespace) -> None:

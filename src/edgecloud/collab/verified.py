@@ -429,10 +429,8 @@ class DraftAndCheck(SharedAnswer):
                 yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)  # type: ignore[arg-type]
                 if self.finish is not None or len(ids) >= budget:
                     break
-            # with a confidence floor the block ends where the edge is unsure (up to draft_max); without
-            # one, at the length the measured acceptance and costs favour
-            k = self.settings.draft_max if floor > 0 else \
-                max(self.draft_min, choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max))
+            if not floor:  # (with a floor the block ends where the edge is unsure, up to draft_max)
+                k = max(self.draft_min, choose_k(acceptance.rate, draft_s, round_s, self.settings.draft_max))
         yield from self.emit("edge", self._stream.flush())
         self._rounds_done("rounds")
         yield from self.final(self.finish or "length")
