@@ -415,6 +415,70 @@ def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str,
             out[f"lead-{m}:agree>={shipped} (in-suite)"] = {
                 "held_out": _summary(rows, [True] * len(rows), p, b),
                 "whole_by_check": round(sum(whole.values()) / len(rows), 4)}
+    out.update(_rolling_lead(rows, families))
+    return out
+
+
+ROLLING_TARGETS = (0.90, 0.91, 0.92)
+WINDOW = 16
+
+
+def _rolling_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+    """Lead mode with more than one chance to take over (measured, not shipped): the edge scores the
+    cloud's opening every ``WINDOW`` tokens, up to the last checkpoint, and takes over at the first
+    checkpoint where it agrees with at least the threshold of the last ``WINDOW`` tokens (``window``) or
+    of everything so far (``all``); past the last one the cloud writes the answer. Needs ``head-M`` for
+    every checkpoint M and ``lead-48.signal``; one threshold, chosen leave-one-family-out as the lowest
+    mean bill on the other seven families that keeps ``TARGET`` of all-cloud quality. Held out, a later
+    take-over loses quality the bill does not buy back: agreeing with a stretch mid-answer says less
+    about finishing it than agreeing with the opening (README, lead mode)."""
+    heads = {m: {r["id"]: r for r in _rows(CORPUS / f"head-{m}.edge.jsonl")} for m in (16, 32, 48)}
+    signal = {r["id"]: r["agree"] for r in _rows(CORPUS / "lead-48.signal.jsonl")}
+    if any(len(h) < len(rows) for h in heads.values()) or len(signal) < len(rows):
+        return {"lead-rolling": {"incomplete": "needs head-16/32/48 and lead-48.signal (chat_only.py head, lead-signal)"}}
+
+    def outcome(r: dict[str, Any], checkpoints: tuple[int, ...], window: str, t: float) -> tuple[bool, float, int]:
+        """(passed, billed, where the edge took over: 0 for never) of one answer under one rule."""
+        agree = signal[r["id"]]
+        for c in checkpoints:
+            h = heads[c][r["id"]]
+            if h["cloud_whole"]:  # the cloud finished within this checkpoint: its answer
+                break
+            seen = agree[c - WINDOW:c] if window == "window" else agree[:c]
+            if sum(seen) / len(seen) >= t:
+                return bool(h["pass"]), _billed(r, c), c
+        return bool(r["cloud_pass"]), 1.0, 0
+
+    thresholds = [k / WINDOW for k in range(WINDOW + 1)]
+    out: dict[str, Any] = {}
+    for checkpoints in ((16,), (16, 32), (16, 32, 48)):
+        for window in ("window", "all") if len(checkpoints) > 1 else ("window",):
+            key = f"lead-rolling-{'/'.join(map(str, checkpoints))}:{window}"
+            for target in ROLLING_TARGETS:
+                chosen: dict[str, float] = {}
+                for fam in families:
+                    train = [r for r in rows if r["suite"] != fam]
+                    q_cloud, best = sum(r["cloud_pass"] for r in train), (math.inf, 1.01)
+                    for t in thresholds:
+                        res = [outcome(r, checkpoints, window, t) for r in train]
+                        if sum(p for p, _, _ in res) >= target * q_cloud:
+                            best = min(best, (statistics.fmean(b for _, b, _ in res), t))
+                    chosen[fam] = best[1]
+                res = [outcome(r, checkpoints, window, chosen[r["suite"]]) for r in rows]
+                took = [c for _, _, c in res]
+                out[f"{key}@{target}"] = {
+                    "held_out": _summary(rows, [True] * len(rows), [p for p, _, _ in res], [b for _, b, _ in res]),
+                    "thresholds_chosen": sorted(set(chosen.values())),
+                    "took_over_at": {str(c): round(took.count(c) / len(rows), 4) for c in (0, *checkpoints)},
+                    "per_family_held_out": {
+                        f: _summary([r for r in rows if r["suite"] == f], [True] * sum(r["suite"] == f for r in rows),
+                                    [p for (p, _, _), r in zip(res, rows) if r["suite"] == f],
+                                    [b for (_, b, _), r in zip(res, rows) if r["suite"] == f])
+                        for f in families}}
+            for t in (0.8125, 0.875, 0.9375):  # fixed settings, in-suite: 13, 14 and 15 of every 16
+                res = [outcome(r, checkpoints, window, t) for r in rows]
+                out[f"{key}>={t} (in-suite)"] = {
+                    "held_out": _summary(rows, [True] * len(rows), [p for p, _, _ in res], [b for _, b, _ in res])}
     return out
 
 
@@ -428,6 +492,7 @@ def _probe_seconds(row: dict[str, Any], n: int) -> float:
 # ---------------------------------------------------------------------------- live, through the stand-in
 
 LIVE_POLICIES = ("all-cloud", "all-edge", "default", "probe")
+LIVE_COLLAB: dict[str, Any] = {"probe": "probe"}  # each policy's collab setting on top of the defaults
 
 
 def live(args: argparse.Namespace) -> None:
@@ -440,7 +505,8 @@ def live(args: argparse.Namespace) -> None:
 
     tasks = {t.id: t for t in load_corpus(full=True)}
     outcomes = _rows(OUTCOMES)
-    sample = _sample(outcomes, args.per_family, 0)
+    sample = _sample(outcomes, args.per_family, args.skip)
+    policies = tuple(args.policies.split(","))
     split = args.split
     server, port = _start_server(str(resolve_model(CLOUD_MODEL)), split)
     try:
@@ -449,15 +515,16 @@ def live(args: argparse.Namespace) -> None:
                 LlamaCppBackend(EDGE_MODEL, n_threads=1 if split else None) as edge:
             url = f"{net.url}/v1"
             config = {"fallback": {"timeout_s": 300}}
+            own = [p for p in policies if p not in ("all-cloud", "all-edge")] or ["default"]
             clients = {p: EdgeCloud(edge_backend=edge, cloud_base_url=url, cloud_model=CLOUD_MODEL, config=config,
-                                    **({"collab": p} if p == "probe" else {}))
-                       for p in ("default", "probe")}
-            clients["all-cloud"] = clients["all-edge"] = clients["probe"]
+                                    **({"collab": LIVE_COLLAB[p]} if p in LIVE_COLLAB else {}))
+                       for p in own}
+            clients["all-cloud"] = clients["all-edge"] = clients[own[0]]
             pins = {"all-cloud": {"route": "cloud", "collab": "off"}, "all-edge": {"route": "edge", "collab": "off"}}
             warm = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8}
-            for name in ("default", "probe"):
+            for name in own:
                 _answer(clients[name], warm)  # capabilities learned, models warm
-            results = _interleave(sample, LIVE_POLICIES, port,
+            results = _interleave(sample, policies, port,
                                   lambda name, row, tag: _answer(clients[name], row, tag=tag, **pins.get(name, {})),
                                   lambda row, text: grade(tasks[row["id"]], text))
             for c in {id(c): c for c in clients.values()}.values():
@@ -491,10 +558,11 @@ def live(args: argparse.Namespace) -> None:
         summary[name]["ttft_vs_all_cloud_p50"] = round(summary[name]["ttft_p50"] / summary["all-cloud"]["ttft_p50"], 3)
         summary[name]["quality_vs_all_cloud"] = round(summary[name]["quality"] / max(1e-9, summary["all-cloud"]["quality"]), 3)
     out = {"rtt_s": args.rtt, "split_cores": split, "tasks": len(sample), "per_family": args.per_family,
+           "skip": args.skip,
            "method": "policies interleaved per task in a rotating order; each request's user message starts with "
                      "its own tag, so no request reuses another's prompt KV; graded as in the corpus",
            "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary, "answers": results}
-    name = f"chat_only_live{'_split' if split else ''}.json"
+    name = args.out or f"chat_only_live{'_split' if split else ''}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 
@@ -515,6 +583,9 @@ def main() -> None:
     lv.add_argument("--per-family", type=int, default=3)
     lv.add_argument("--rtt", type=float, default=0.05, help="round trip to the cloud, seconds (LatencyProxy)")
     lv.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
+    lv.add_argument("--skip", type=int, default=0, help="leave out each family's first SKIP tasks")
+    lv.add_argument("--policies", default=",".join(LIVE_POLICIES), help=f"of {', '.join(LIVE_POLICIES)}")
+    lv.add_argument("--out", help="results file name (default chat_only_live[_split].json)")
     args = parser.parse_args()
     {"probe": probe, "head": head, "lead-signal": lead_signal, "report": report, "live": live}[args.phase](args)
 
