@@ -15,6 +15,9 @@ is written by one side; what is left to decide is which, and when. Candidates:
 Phases:
 
     python benchmarks/chat_only.py probe            # the edge's first 48 tokens on every labelled task
+    python benchmarks/chat_only.py head --m 16      # the cloud's first M tokens, the edge's tail (lead mode)
+    python benchmarks/chat_only.py lead-signal --m 48   # the edge's agreement with the cloud's opening
+    python benchmarks/chat_only.py cloud-signal --m 16  # the cloud's own logprobs of its opening
     python benchmarks/chat_only.py report           # JSON to stdout + results/chat_only.json, probe.json
     python benchmarks/chat_only.py live --per-family 3 --rtt 0.05   # through the hosted-API stand-in
 
@@ -160,6 +163,29 @@ def lead_signal(args: argparse.Namespace) -> None:
             scores, _ = edge.score(prompt + lead, start=len(prompt), top_n=1)
             fh.write(json.dumps({"id": r["id"], "logprobs": [round(s.logprob, 5) for s in scores],
                                  "agree": [int(s.top[0][0] == s.token) if s.top else 0 for s in scores]}) + "\n")
+            if i % 50 == 0:
+                print(f"{i + 1}/{len(rows)}", file=sys.stderr)
+
+
+def cloud_signal(args: argparse.Namespace) -> None:
+    """How sure the cloud is of its own opening (what a hosted API's ``logprobs`` would say while it
+    streams): each of its first M tokens' logprob and top-2 margin under the 1.5B (one pass per task)."""
+    from edgecloud.edge.llamacpp import LlamaCppBackend
+
+    out_path = CORPUS / f"cloud-{args.m}.signal.jsonl"
+    done = {r["id"] for r in _rows(out_path)}
+    rows = [r for r in _rows(OUTCOMES) if r["id"] not in done]
+    with LlamaCppBackend(CLOUD_MODEL, n_ctx=2048) as cloud, out_path.open("a", encoding="utf-8") as fh:
+        for i, r in enumerate(rows):
+            prompt = cloud.tokenize_chat(r["messages"])
+            opening = cloud.tokenize_text(r["cloud_answer"])[: args.m]
+            if not opening:
+                fh.write(json.dumps({"id": r["id"], "logprobs": [], "margins": []}) + "\n")
+                continue
+            scores, _ = cloud.score(prompt + opening, start=len(prompt), top_n=2)
+            fh.write(json.dumps({"id": r["id"], "logprobs": [round(s.logprob, 5) for s in scores],
+                                 "margins": [round(s.top[0][1] - s.top[1][1], 5) if len(s.top) > 1 else 99.0
+                                             for s in scores]}) + "\n")
             if i % 50 == 0:
                 print(f"{i + 1}/{len(rows)}", file=sys.stderr)
 
@@ -416,6 +442,59 @@ def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str,
                 "held_out": _summary(rows, [True] * len(rows), p, b),
                 "whole_by_check": round(sum(whole.values()) / len(rows), 4)}
     out.update(_rolling_lead(rows, families))
+    out.update(_cloud_confidence_lead(rows, families))
+    return out
+
+
+def _cloud_confidence_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+    """Lead mode where the cloud's own confidence in its opening also has a say (what a hosted API's
+    ``logprobs`` tell while it streams; ``cloud-signal`` phase): the edge takes over after 16 tokens
+    where the cloud is sure enough (``cloud``), where that and the edge's agreement both hold
+    (``agree&cloud``), or either (``agree|cloud``); thresholds chosen leave-one-family-out, the
+    lowest mean bill on the other seven families that keeps ``TARGET`` of all-cloud quality."""
+    heads = {r["id"]: r for r in _rows(CORPUS / "head-16.edge.jsonl")}
+    edge = {r["id"]: r["agree"] for r in _rows(CORPUS / "lead-16.signal.jsonl")}
+    cloud = {r["id"]: r for r in _rows(CORPUS / "cloud-16.signal.jsonl")}
+    if any(len(d) < len(rows) for d in (heads, edge, cloud)):
+        return {"lead-cloud": {"incomplete": "needs head-16, lead-16.signal, cloud-16.signal"}}
+    features = {"mean_logprob": lambda r: statistics.fmean(cloud[r["id"]]["logprobs"] or [0.0]),
+                "min_margin": lambda r: min(cloud[r["id"]]["margins"] or [99.0])}
+
+    def agree(r: dict[str, Any]) -> float:
+        return sum(edge[r["id"]]) / max(1, len(edge[r["id"]]))
+
+    def outcome(r: dict[str, Any], take: bool) -> tuple[bool, float]:
+        h = heads[r["id"]]
+        if take and not h["cloud_whole"]:
+            return bool(h["pass"]), _billed(r, 16)
+        return bool(r["cloud_pass"]), 1.0
+
+    out: dict[str, Any] = {}
+    agreements = [k / 16 for k in range(10, 17)]
+    for name, feature in features.items():
+        values = sorted(feature(r) for r in rows)
+        cuts = [values[i * (len(values) - 1) // 20] for i in range(21)]  # the feature's 5 % quantiles
+        rules = {
+            f"lead-16:cloud_{name}": ([(None, c) for c in cuts], lambda r, g: feature(r) >= g[1]),
+            f"lead-16:agree&cloud_{name}": ([(a, c) for a in agreements for c in cuts],
+                                            lambda r, g: agree(r) >= g[0] and feature(r) >= g[1]),
+            f"lead-16:agree|cloud_{name}": ([(a, c) for a in agreements for c in cuts],
+                                            lambda r, g: agree(r) >= g[0] or feature(r) >= g[1]),
+        }
+        for key, (grid, rule) in rules.items():
+            for target in ROLLING_TARGETS[:2]:
+                chosen: dict[str, Any] = {}
+                for fam in families:
+                    train = [r for r in rows if r["suite"] != fam]
+                    q_cloud, best = sum(r["cloud_pass"] for r in train), (math.inf, None)
+                    for g in grid:
+                        res = [outcome(r, rule(r, g)) for r in train]
+                        if sum(p for p, _ in res) >= target * q_cloud and statistics.fmean(b for _, b in res) < best[0]:
+                            best = (statistics.fmean(b for _, b in res), g)
+                    chosen[fam] = best[1]
+                res = [outcome(r, chosen[r["suite"]] is not None and rule(r, chosen[r["suite"]])) for r in rows]
+                out[f"{key}@{target}"] = {
+                    "held_out": _summary(rows, [True] * len(rows), [p for p, _ in res], [b for _, b in res])}
     return out
 
 
@@ -576,6 +655,8 @@ def main() -> None:
     hd.add_argument("--parallel", type=int, default=8)
     ls = sub.add_parser("lead-signal")
     ls.add_argument("--m", type=int, default=16)
+    cs = sub.add_parser("cloud-signal")
+    cs.add_argument("--m", type=int, default=16)
     rep = sub.add_parser("report")
     rep.add_argument("--tokens", type=int, default=16, help="probe length of the packaged check")
     rep.add_argument("--write-check", action="store_true", help="write src/edgecloud/router/data/probe.json")
@@ -587,7 +668,8 @@ def main() -> None:
     lv.add_argument("--policies", default=",".join(LIVE_POLICIES), help=f"of {', '.join(LIVE_POLICIES)}")
     lv.add_argument("--out", help="results file name (default chat_only_live[_split].json)")
     args = parser.parse_args()
-    {"probe": probe, "head": head, "lead-signal": lead_signal, "report": report, "live": live}[args.phase](args)
+    {"probe": probe, "head": head, "lead-signal": lead_signal, "cloud-signal": cloud_signal, "report": report,
+     "live": live}[args.phase](args)
 
 
 if __name__ == "__main__":
