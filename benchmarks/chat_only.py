@@ -442,23 +442,32 @@ def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str,
                 "held_out": _summary(rows, [True] * len(rows), p, b),
                 "whole_by_check": round(sum(whole.values()) / len(rows), 4)}
     out.update(_rolling_lead(rows, families))
-    out.update(_cloud_confidence_lead(rows, families))
+    out.update(_second_signal_lead(rows, families))
     return out
 
 
-def _cloud_confidence_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
-    """Lead mode where the cloud's own confidence in its opening also has a say (what a hosted API's
-    ``logprobs`` tell while it streams; ``cloud-signal`` phase): the edge takes over after 16 tokens
-    where the cloud is sure enough (``cloud``), where that and the edge's agreement both hold
-    (``agree&cloud``), or either (``agree|cloud``); thresholds chosen leave-one-family-out, the
-    lowest mean bill on the other seven families that keeps ``TARGET`` of all-cloud quality."""
+def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+    """Lead mode where a second signal also has a say, after the cloud's first 16 tokens: the cloud's
+    own confidence in its opening (``cloud_*``: what a hosted API's ``logprobs`` tell while it
+    streams; ``cloud-signal`` phase) or the edge's in its own first 16 tokens (``probe_*``: the
+    probe's features, ``probe`` phase). The edge takes over where the signal is high enough alone
+    (``SIGNAL>=``), where the edge's agreement holds and the signal is high or low enough
+    (``agree&SIGNAL>=``, ``agree&SIGNAL<=``), or where either holds (``agree|SIGNAL>=``); thresholds
+    chosen leave-one-family-out, the lowest mean bill on the other seven families that keeps
+    ``TARGET`` of all-cloud quality. Many candidates on one corpus: a lone one that lands on the
+    bar held out is luck until it holds on tasks it was not picked on."""
+    from edgecloud.router.probe import FEATURES
+
     heads = {r["id"]: r for r in _rows(CORPUS / "head-16.edge.jsonl")}
     edge = {r["id"]: r["agree"] for r in _rows(CORPUS / "lead-16.signal.jsonl")}
     cloud = {r["id"]: r for r in _rows(CORPUS / "cloud-16.signal.jsonl")}
     if any(len(d) < len(rows) for d in (heads, edge, cloud)):
-        return {"lead-cloud": {"incomplete": "needs head-16, lead-16.signal, cloud-16.signal"}}
-    features = {"mean_logprob": lambda r: statistics.fmean(cloud[r["id"]]["logprobs"] or [0.0]),
-                "min_margin": lambda r: min(cloud[r["id"]]["margins"] or [99.0])}
+        return {"lead-second-signal": {"incomplete": "needs head-16, lead-16.signal, cloud-16.signal"}}
+    signals: dict[str, Any] = {
+        "cloud_mean_logprob": lambda r: statistics.fmean(cloud[r["id"]]["logprobs"] or [0.0]),
+        "cloud_min_margin": lambda r: min(cloud[r["id"]]["margins"] or [99.0])}
+    for j, name in enumerate(FEATURES):
+        signals[f"probe_{name}"] = (lambda j: (lambda r: _features(r, 16, False)[j]))(j)
 
     def agree(r: dict[str, Any]) -> float:
         return sum(edge[r["id"]]) / max(1, len(edge[r["id"]]))
@@ -471,15 +480,15 @@ def _cloud_confidence_lead(rows: list[dict[str, Any]], families: list[str]) -> d
 
     out: dict[str, Any] = {}
     agreements = [k / 16 for k in range(10, 17)]
-    for name, feature in features.items():
-        values = sorted(feature(r) for r in rows)
-        cuts = [values[i * (len(values) - 1) // 20] for i in range(21)]  # the feature's 5 % quantiles
+    for name, signal in signals.items():
+        values = sorted(signal(r) for r in rows)
+        cuts = [values[i * (len(values) - 1) // 20] for i in range(21)]  # the signal's 5 % quantiles
+        both = [(a, c) for a in agreements for c in cuts]
         rules = {
-            f"lead-16:cloud_{name}": ([(None, c) for c in cuts], lambda r, g: feature(r) >= g[1]),
-            f"lead-16:agree&cloud_{name}": ([(a, c) for a in agreements for c in cuts],
-                                            lambda r, g: agree(r) >= g[0] and feature(r) >= g[1]),
-            f"lead-16:agree|cloud_{name}": ([(a, c) for a in agreements for c in cuts],
-                                            lambda r, g: agree(r) >= g[0] or feature(r) >= g[1]),
+            f"lead-16:{name}>=": ([(None, c) for c in cuts], lambda r, g: signal(r) >= g[1]),
+            f"lead-16:agree&{name}>=": (both, lambda r, g: agree(r) >= g[0] and signal(r) >= g[1]),
+            f"lead-16:agree&{name}<=": (both, lambda r, g: agree(r) >= g[0] and signal(r) <= g[1]),
+            f"lead-16:agree|{name}>=": (both, lambda r, g: agree(r) >= g[0] or signal(r) >= g[1]),
         }
         for key, (grid, rule) in rules.items():
             for target in ROLLING_TARGETS[:2]:
