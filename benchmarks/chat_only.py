@@ -43,6 +43,7 @@ import random
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -446,6 +447,24 @@ def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str,
     return out
 
 
+def _chosen_held_out(rows: list[dict[str, Any]], families: list[str], grid: list[Any],
+                     outcome: Callable[[dict[str, Any], Any], tuple[Any, ...]], target: float) -> dict[str, Any]:
+    """For each family, the setting of ``grid`` chosen on the other seven: the lowest mean bill there
+    (``outcome(row, setting)`` gives (passed, billed, ...)) that keeps ``target`` of all-cloud
+    quality; the first such setting on a tie, None where none keeps it."""
+    chosen: dict[str, Any] = {}
+    for fam in families:
+        train = [r for r in rows if r["suite"] != fam]
+        q_cloud, best = sum(r["cloud_pass"] for r in train), (math.inf, None)
+        for g in grid:
+            res = [outcome(r, g) for r in train]
+            bill = statistics.fmean(o[1] for o in res)
+            if sum(o[0] for o in res) >= target * q_cloud and bill < best[0]:
+                best = (bill, g)
+        chosen[fam] = best[1]
+    return chosen
+
+
 def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
     """Lead mode where a second signal also has a say, after the cloud's first 16 tokens: the cloud's
     own confidence in its opening (``cloud_*``: what a hosted API's ``logprobs`` tell while it
@@ -492,15 +511,7 @@ def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict
         }
         for key, (grid, rule) in rules.items():
             for target in ROLLING_TARGETS[:2]:
-                chosen: dict[str, Any] = {}
-                for fam in families:
-                    train = [r for r in rows if r["suite"] != fam]
-                    q_cloud, best = sum(r["cloud_pass"] for r in train), (math.inf, None)
-                    for g in grid:
-                        res = [outcome(r, rule(r, g)) for r in train]
-                        if sum(p for p, _ in res) >= target * q_cloud and statistics.fmean(b for _, b in res) < best[0]:
-                            best = (statistics.fmean(b for _, b in res), g)
-                    chosen[fam] = best[1]
+                chosen = _chosen_held_out(rows, families, grid, lambda r, g: outcome(r, rule(r, g)), target)
                 res = [outcome(r, chosen[r["suite"]] is not None and rule(r, chosen[r["suite"]])) for r in rows]
                 out[f"{key}@{target}"] = {
                     "held_out": _summary(rows, [True] * len(rows), [p for p, _ in res], [b for _, b in res])}
@@ -543,15 +554,9 @@ def _rolling_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, 
         for window in ("window", "all") if len(checkpoints) > 1 else ("window",):
             key = f"lead-rolling-{'/'.join(map(str, checkpoints))}:{window}"
             for target in ROLLING_TARGETS:
-                chosen: dict[str, float] = {}
-                for fam in families:
-                    train = [r for r in rows if r["suite"] != fam]
-                    q_cloud, best = sum(r["cloud_pass"] for r in train), (math.inf, 1.01)
-                    for t in thresholds:
-                        res = [outcome(r, checkpoints, window, t) for r in train]
-                        if sum(p for p, _, _ in res) >= target * q_cloud:
-                            best = min(best, (statistics.fmean(b for _, b, _ in res), t))
-                    chosen[fam] = best[1]
+                chosen = {f: 1.01 if t is None else t  # 1.01: the edge never takes over
+                          for f, t in _chosen_held_out(rows, families, thresholds,
+                                                       lambda r, t: outcome(r, checkpoints, window, t), target).items()}
                 res = [outcome(r, checkpoints, window, chosen[r["suite"]]) for r in rows]
                 took = [c for _, _, c in res]
                 out[f"{key}@{target}"] = {

@@ -132,7 +132,6 @@ def calibrate(args: argparse.Namespace) -> None:
     print(json.dumps(out, indent=1))
 
 
-
 def _line(trace: dict[str, Any], start: int) -> Iterator[tuple[float, bool]]:
     """The edge's line drafted from position ``start``: (its probability, whether the cloud keeps it)."""
     cloud, picks, probs = trace["cloud"], trace["edge"], trace["p"]

@@ -55,7 +55,6 @@ PINS: dict[str, dict[str, Any]] = {
 }
 
 
-
 def breakdown(args: argparse.Namespace) -> None:
     import httpx
 

@@ -33,9 +33,9 @@ answer is no longer wanted (the caller stopped reading, the edge failed) is drop
 **Where a block ends** in greedy plain answers when the sides take turns (strict rounds, and
 pipelined ones against a cloud on this process's CPUs): after the first drafted token the edge
 is less sure of than ``collab.draft_confidence`` (its probability of its own pick), else at
-``draft_max``. The tokens after an unsure one are mostly rejected, and on the user's clock each costs a draft step and a
-position the cloud computes, and an input token billed; the floor was chosen replaying real
-answers held out by task family (``benchmarks/draft_stop.py``). While the edge drafts during
+``draft_max``. The tokens after an unsure one are mostly rejected, and on the user's clock each
+costs a draft step and a position the cloud computes, and an input token billed; the floor was
+chosen replaying real answers held out by task family (``benchmarks/draft_stop.py``). While the edge drafts during
 checks (pipelined rounds) drafting is off the user's clock and the block is the length the
 measured costs favour: ending it at unsure tokens there added a third more checks for little
 (one core each, RTT 50 ms: end to end 1.07x against 1.11x the slower side's, billed 0.78x against
