@@ -62,19 +62,33 @@ MAX_PASSES = 0.2
 PRICE_IN, PRICE_OUT = 0.5, 1.5
 
 
+def _files(edge: str) -> tuple[Path, Path, str]:
+    """The traces, the calibration and the sweep's results for ``edge`` (the published 0.5B's
+    files carry no suffix; another edge's carry its name)."""
+    if edge == EDGE_MODEL:
+        return TRACES, CALIBRATION, "draft_stop"
+    tag = Path(edge).name.removesuffix(".gguf")
+    return (RESULTS / f"draft_stop_traces.{tag}.jsonl", RESULTS / f"draft_stop_calibration.{tag}.json",
+            f"draft_stop.{tag}")
+
+
 def trace(args: argparse.Namespace) -> None:
+    """The published edge's traces hold the cloud's answers too; another edge's trace reuses them
+    (the cloud writes the same greedy answer whoever drafts) and only scores them anew."""
     from edgecloud.edge.llamacpp import LlamaCppBackend
     from edgecloud.store import resolve_model
 
+    traces, _, _ = _files(args.edge)
     sample = _sample(_rows(OUTCOMES), args.per_family, args.skip)
-    done = {json.loads(line)["id"] for line in TRACES.read_text().splitlines()} if TRACES.exists() else set()
+    done = {json.loads(line)["id"] for line in traces.read_text().splitlines()} if traces.exists() else set()
     sample = [r for r in sample if r["id"] not in done]
+    known = {} if traces == TRACES else {t["id"]: t["cloud"] for t in map(json.loads, TRACES.read_text().splitlines())}
     with LlamaCppBackend(str(resolve_model(CLOUD_MODEL))) as cloud, \
-            LlamaCppBackend(str(resolve_model(EDGE_MODEL))) as edge, TRACES.open("a", encoding="utf-8") as out:
+            LlamaCppBackend(str(resolve_model(args.edge))) as edge, traces.open("a", encoding="utf-8") as out:
         for n, row in enumerate(sample):
             started = time.perf_counter()
             prompt = edge.tokenize_chat(row["messages"])
-            ids = [t for t, _ in cloud.greedy(prompt, row["max_tokens"])]
+            ids = known.get(row["id"]) or [t for t, _ in cloud.greedy(prompt, row["max_tokens"])]
             scores, _ = edge.score(prompt + ids, start=len(prompt), top_n=1)
             picks = [s.argmax for s in scores]
             lines = {}
@@ -100,7 +114,7 @@ def calibrate(args: argparse.Namespace) -> None:
     from edgecloud.remote.client import CloudBackend
     from edgecloud.store import resolve_model
 
-    out: dict[str, Any] = {"threads": args.threads, "cloud": CLOUD_MODEL, "edge": EDGE_MODEL}
+    out: dict[str, Any] = {"threads": args.threads, "cloud": CLOUD_MODEL, "edge": args.edge}
     port = 18000 + os.getpid() % 1000
     server = _serve(str(resolve_model(CLOUD_MODEL)), port, args.threads, None)
     try:
@@ -120,7 +134,7 @@ def calibrate(args: argparse.Namespace) -> None:
     finally:
         server.terminate()
         server.wait(30)
-    with LlamaCppBackend(str(resolve_model(EDGE_MODEL)), n_threads=args.threads) as edge:
+    with LlamaCppBackend(str(resolve_model(args.edge)), n_threads=args.threads) as edge:
         prompt = edge.tokenize_chat([{"role": "user", "content": "Write a Python module with three functions that "
                                                                  "merge, split and rotate sorted lists, with docstrings."}])
         answer = edge.draft(prompt, 320)  # rounds as verified mode runs them: deep in an answer, each block after
@@ -128,7 +142,7 @@ def calibrate(args: argparse.Namespace) -> None:
         for at in range(200, 312, 8):
             drafted += len(edge.draft(prompt + answer[:at] + [answer[at] + 1], 8))
         out["draft_ms"] = round(1000 * (time.perf_counter() - started) / drafted, 2)
-    CALIBRATION.write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    _files(args.edge)[1].write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=1))
 
 
@@ -185,8 +199,9 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
 def sweep(args: argparse.Namespace) -> None:
     from edgecloud.runtime.speculative import best_k
 
-    cal = json.loads(CALIBRATION.read_text())
-    traces = [t for t in map(json.loads, TRACES.read_text().splitlines()) if len(t["cloud"]) > 1]
+    trace_file, calibration, stem = _files(args.edge)
+    cal = json.loads(calibration.read_text())
+    traces = [t for t in map(json.loads, trace_file.read_text().splitlines()) if len(t["cloud"]) > 1]
     families = sorted({t["family"] for t in traces})
 
     def adaptive(rate: float, round_ms: float) -> int:  # the previous rule: the k the measured costs favour
@@ -215,7 +230,7 @@ def sweep(args: argparse.Namespace) -> None:
         for name, row in in_suite.items():
             print(f"  {name:22s} {row}")
     out["agreement_by_probability"] = _agreement(traces)
-    name = "draft_stop.json" if not args.start_ms else f"draft_stop_start{args.start_ms:g}.json"
+    name = f"{stem}.json" if not args.start_ms else f"{stem}_start{args.start_ms:g}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 
 
@@ -234,6 +249,8 @@ def _agreement(traces: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--edge", default=EDGE_MODEL,
+                        help="the drafting model (catalogue name or .gguf path); its files carry its name")
     sub = parser.add_subparsers(dest="phase", required=True)
     tr = sub.add_parser("trace")
     tr.add_argument("--per-family", type=int, default=8)

@@ -35,6 +35,7 @@ import os
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 from _live import _answer, _check_ms, _interleave, _median_ms, _sample, _serve, _start_server
@@ -184,7 +185,7 @@ def live(args: argparse.Namespace) -> None:
     server, port = _start_server(CLOUD_MODEL if vllm else str(resolve_model(CLOUD_MODEL)), split, args.engine)
     try:
         with LatencyProxy(("127.0.0.1", port), rtt_s=args.rtt) as net, \
-                LlamaCppBackend(str(resolve_model(EDGE_MODEL)), n_threads=1 if split else None) as edge, \
+                LlamaCppBackend(str(resolve_model(args.edge)), n_threads=1 if split else None) as edge, \
                 EdgeCloud(edge_backend=edge, cloud_base_url=f"{net.url}/v1", cloud_model=CLOUD_MODEL,
                           config={"fallback": {"timeout_s": 300}}) as client:
             _answer(client, {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm
@@ -209,11 +210,12 @@ def live(args: argparse.Namespace) -> None:
             summary[name]["same_text_as_all_cloud"] = round(sum(same) / max(1, len(same)), 3)
     out = {"rtt_s": args.rtt, "split_cores": split, "temperature": args.temperature, "tasks": len(sample),
            "engine": args.engine,
-           "per_family": args.per_family, "edge": EDGE_MODEL, "cloud": CLOUD_MODEL, "summary": summary,
+           "per_family": args.per_family, "edge": args.edge, "cloud": CLOUD_MODEL, "summary": summary,
            "answers": results}
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
     engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
     skip_tag = f"_skip{args.skip}" if args.skip else ""
+    skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"
     name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
             f"{sampled_tag}{skip_tag}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -270,6 +272,7 @@ def main() -> None:
     lv.add_argument("--same-prompt", action="store_true",
                     help="one prompt per task for every policy (texts compare; later policies may find the "
                          "prompt's KV cached, so read latency from a run without it)")
+    lv.add_argument("--edge", default=EDGE_MODEL, help="the edge model: a catalogue name or a GGUF path")
     lv.add_argument("--policies", default="", help="a comma-separated subset (all-cloud among them)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")

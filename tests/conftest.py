@@ -40,7 +40,7 @@ def smollm2_path() -> Path:
 
 @pytest.fixture(scope="session")
 def qwen05_path() -> Path:
-    """Qwen2.5-Coder-0.5B Q4_K_M: the default edge model."""
+    """Qwen2.5-Coder-0.5B Q4_K_M as published (the default edge model is made from it)."""
     return resolve_model(QWEN05, pull=True, progress=False)
 
 

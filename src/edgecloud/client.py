@@ -30,13 +30,12 @@ from .config import EdgeCloudSettings
 from .hybrid import Hybrid, settings_from
 from .observability.client_metrics import ClientMetrics
 from .router.policy import RoutePolicy
-from .store.catalogue import DEFAULT_MODEL
+from .store.catalogue import DEFAULT_EDGE_MODEL
 from .errors import InvalidRequestError
 from .types import ChatCompletion, ChatCompletionChunk, ChatMessage, ChatRequest, check_session_name, collect_chunks
 
 __all__ = ["AsyncChatStream", "AsyncEdgeCloud", "ChatStream", "DEFAULT_EDGE_MODEL", "EdgeCloud"]
 
-DEFAULT_EDGE_MODEL = DEFAULT_MODEL
 _UNSET: Any = object()
 
 

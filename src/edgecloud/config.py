@@ -48,7 +48,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
-from .store.catalogue import DEFAULT_MODEL
+from .store.catalogue import DEFAULT_EDGE_MODEL
 from .types import CollabMode
 
 if sys.version_info >= (3, 11):
@@ -302,7 +302,7 @@ class EdgeCloudSettings(BaseSettings):
     )
 
     edge_model: str | None = Field(
-        DEFAULT_MODEL,
+        DEFAULT_EDGE_MODEL,
         description="On-device model: a catalogue name or a GGUF path ('' for cloud only).",
     )
     edge_runtime: str = Field(

@@ -60,7 +60,7 @@ from ..runtime.grammar_mask import GrammarMask
 from ..runtime.held import HeldGrammar, HeldPicker, held_picker
 from ..runtime.scoring import TokenScore, check_token_ids, score_rows
 from ..runtime.stats import RuntimeStats
-from ..store.catalogue import DEFAULT_MODEL
+from ..store.catalogue import DEFAULT_EDGE_MODEL, DEFAULT_MODEL
 from ..types import ChatCompletionChunk, ChatRequest, RouteInfo
 from .speculation import PROBE_FILLER, PROBE_LONG_CONTEXT, PROBE_TEXT, EdgeSpeculator, Probe, parse_edge_speculate, remembered_probe, spec_usage
 
@@ -71,6 +71,7 @@ from .memory import plan as plan_memory
 __all__ = [
     "LlamaCppBackend",
     "LlamaCppStats",
+    "DEFAULT_EDGE_MODEL",
     "DEFAULT_MODEL",
     "DEFAULT_PREFIX_CACHE_BYTES",
     "KV_CACHE_TYPES",
@@ -144,7 +145,7 @@ class LlamaCppBackend(TemplatedBackend):
 
     def __init__(
         self,
-        model: str | Path = DEFAULT_MODEL,
+        model: str | Path = DEFAULT_EDGE_MODEL,
         *,
         n_ctx: int | None = None,
         device: str = "this",

