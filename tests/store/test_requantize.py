@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from edgecloud import ModelIntegrityError, store
 from edgecloud.errors import ModelFetchError
+from edgecloud.store import fetch as pull_module
 from edgecloud.store.cache import record_verified, sha256_file
 from edgecloud.store.catalogue import CatalogueEntry
 
@@ -44,7 +45,7 @@ def _share(path: Path, kind: str) -> float:
 
 
 def test_a_requantized_entry_is_made_once_from_its_base_and_checked_like_a_download(
-        seeded: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        seeded: Path, smollm2_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     entry = _made_entry("smollm2-135m-iq4nl", "IQ4_NL")
     monkeypatch.setitem(store.catalogue(), entry.name, entry)
     assert entry.fetchable_here and not store.is_pulled(entry.name)
@@ -59,9 +60,16 @@ def test_a_requantized_entry_is_made_once_from_its_base_and_checked_like_a_downl
     assert not list(path.parent.glob(".*.partial"))
     digest, before = sha256_file(path), path.stat()
 
-    assert store.pull(entry.name, progress=False) == path  # made once: a second pull keeps the file
+    def no_download(*args: object, **kwargs: object) -> None:
+        raise AssertionError("an intact made file needs no base")
+
+    monkeypatch.setattr(pull_module, "_download_part", no_download)
+    seeded.unlink()  # made once: a second pull keeps the file, even with the base gone
+    assert store.pull(entry.name, progress=False) == path
     after = path.stat()
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
+    shutil.copyfile(smollm2_path, seeded)  # the base back, for the repair below (still no download)
+    record_verified(seeded, str(store.require_entry(SMOLLM2).sha256))
 
     with open(path, "r+b") as fh:  # an altered byte is caught like a downloaded file's
         fh.seek(path.stat().st_size // 2)

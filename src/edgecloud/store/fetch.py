@@ -105,23 +105,12 @@ def pull(
     """
     entry = require_entry(name)
     dest = model_file(name)
-    base = None
-    if entry.source.kind == "requantized":  # outside this entry's lock: the base has its own
-        base = pull(str(entry.source.base), progress=progress, force=False, on_progress=on_progress)
-    with exclusive_lock(models_dir() / f".{name}.lock"):
-        if dest.is_file() and not force:
-            try:
-                verify(entry, dest, progress=progress)
-                if on_progress is not None:
-                    on_progress(entry.size_bytes, entry.size_bytes)
-                return dest
-            except ModelIntegrityError:
-                pass  # a bad copy: fetch a fresh one below, replacing it atomically
-        if base is not None:
-            made = requantize.make(entry, base, dest, progress=progress)
-            if on_progress is not None:
-                on_progress(made.stat().st_size, made.stat().st_size)
-            return made
+    lock = models_dir() / f".{name}.lock"
+    if entry.source.kind == "requantized":
+        return _pull_made(entry, dest, lock, progress, force, on_progress)
+    with exclusive_lock(lock):
+        if not force and _intact(entry, dest, progress, on_progress):
+            return dest
         if not entry.fetchable_here:
             return _pull_from_hub(entry, dest)
         _remove_stale_temps(name)
@@ -143,6 +132,35 @@ def pull(
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return dest
+
+
+def _intact(entry: CatalogueEntry, dest: Path, progress: bool, on_progress: Callable[[int, int], None] | None) -> bool:
+    """Whether ``dest`` is already a good copy (said to ``on_progress`` as done); a bad copy is
+    replaced by the caller, atomically."""
+    if not dest.is_file():
+        return False
+    try:
+        verify(entry, dest, progress=progress)
+    except ModelIntegrityError:
+        return False
+    if on_progress is not None:
+        on_progress(dest.stat().st_size, dest.stat().st_size)
+    return True
+
+
+def _pull_made(entry: CatalogueEntry, dest: Path, lock: Path, progress: bool, force: bool,
+               on_progress: Callable[[int, int], None] | None) -> Path:
+    """A requantized entry: kept when intact; else its base pulled (under the base's own lock),
+    then the file made from it."""
+    with exclusive_lock(lock):
+        if not force and _intact(entry, dest, progress, on_progress):
+            return dest
+    base = pull(str(entry.source.base), progress=progress, on_progress=on_progress)
+    with exclusive_lock(lock):
+        made = requantize.make(entry, base, dest, progress=progress)
+    if on_progress is not None:
+        on_progress(made.stat().st_size, made.stat().st_size)
+    return made
 
 
 def _remove_stale_temps(name: str) -> None:
