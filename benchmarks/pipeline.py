@@ -40,6 +40,7 @@ from typing import Any
 
 from _live import _answer, _check_ms, _interleave, _median_ms, _sample, _serve, _start_server
 from chat_only import CLOUD_MODEL, EDGE_MODEL, OUTCOMES, RESULTS, _rows
+from edgecloud.store import DEFAULT_EDGE_MODEL
 
 POLICIES = ("all-cloud", "all-edge", "strict", "pipelined")
 #: With ``--engine vllm``: what ``auto`` runs against a plain vLLM (text spans: it holds no token
@@ -215,7 +216,7 @@ def live(args: argparse.Namespace) -> None:
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
     engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
     skip_tag = f"_skip{args.skip}" if args.skip else ""
-    skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"
+    skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"  # not the corpus's
     name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
             f"{sampled_tag}{skip_tag}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -272,7 +273,9 @@ def main() -> None:
     lv.add_argument("--same-prompt", action="store_true",
                     help="one prompt per task for every policy (texts compare; later policies may find the "
                          "prompt's KV cached, so read latency from a run without it)")
-    lv.add_argument("--edge", default=EDGE_MODEL, help="the edge model: a catalogue name or a GGUF path")
+    lv.add_argument("--edge", default=DEFAULT_EDGE_MODEL,
+                    help="the edge model: a catalogue name or a GGUF path (default: the client's; a run with "
+                         "another edge than the corpus's published 0.5B has its name in the file's)")
     lv.add_argument("--policies", default="", help="a comma-separated subset (all-cloud among them)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")
