@@ -59,6 +59,16 @@ PROBE_TOKENS = 48
 TOP = 5
 
 
+def _corpus(edge: str) -> Path:
+    """Where the edge-written corpus files live: ``corpus/`` for the corpus's own edge (the published
+    0.5B), ``corpus/<edge>/`` for another edge (``head``, ``lead-signal``, ``lead-report --edge``)."""
+    if edge == EDGE_MODEL:
+        return CORPUS
+    folder = CORPUS / Path(edge).name.removesuffix(".gguf")
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -119,10 +129,10 @@ def head(args: argparse.Namespace) -> None:
             return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     tasks = {t.id: t for t in load_corpus(full=True)}
-    out_path = CORPUS / f"head-{args.m}.edge.jsonl"
+    out_path = _corpus(args.edge) / f"head-{args.m}.edge.jsonl"
     done = {r["id"] for r in _rows(out_path)}
     rows = [r for r in _rows(OUTCOMES) if r["id"] not in done and r["id"] in tasks]
-    with Continuing(EDGE_MODEL, parallel=args.parallel, n_ctx=args.parallel * 1024) as runner, \
+    with Continuing(args.edge, parallel=args.parallel, n_ctx=args.parallel * 1024) as runner, \
             out_path.open("a", encoding="utf-8") as fh:
         llm = runner._llm
         jobs, heads = [], {}
@@ -153,11 +163,12 @@ def lead_signal(args: argparse.Namespace) -> None:
     under the edge given the prompt and the tokens before it (one pass per task)."""
     from edgecloud.edge.llamacpp import LlamaCppBackend
 
-    heads = {r["id"]: r for r in _rows(CORPUS / f"head-{args.m}.edge.jsonl")}
-    out_path = CORPUS / f"lead-{args.m}.signal.jsonl"
+    folder = _corpus(args.edge)
+    heads = {r["id"]: r for r in _rows(folder / f"head-{args.m}.edge.jsonl")}
+    out_path = folder / f"lead-{args.m}.signal.jsonl"
     done = {r["id"] for r in _rows(out_path)}
     rows = [r for r in _rows(OUTCOMES) if r["id"] in heads and r["id"] not in done]
-    with LlamaCppBackend(EDGE_MODEL, n_ctx=2048) as edge, out_path.open("a", encoding="utf-8") as fh:
+    with LlamaCppBackend(args.edge, n_ctx=2048) as edge, out_path.open("a", encoding="utf-8") as fh:
         for i, r in enumerate(rows):
             prompt = edge.tokenize_chat(r["messages"])
             lead = edge.tokenize_text(heads[r["id"]]["head"])[: args.m]
@@ -386,13 +397,15 @@ def report(args: argparse.Namespace) -> None:
 LEAD_TARGETS = (0.90, 0.92)
 
 
-def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
+def _lead_policies(rows: list[dict[str, Any]], families: list[str], corpus: Path = CORPUS) -> dict[str, Any]:
     """Lead mode replayed: ``lead-M`` (the cloud's first M tokens, then the edge's tail, always;
     ``head`` phase) and ``lead-M:SIGNAL@TARGET`` (the edge takes over only where it agrees with the
     cloud's opening, ``lead-signal`` phase; elsewhere the cloud writes the whole answer), the
-    threshold chosen leave-one-family-out for ``TARGET`` of all-cloud quality on the other families."""
+    threshold chosen leave-one-family-out for ``TARGET`` of all-cloud quality on the other families.
+    ``corpus``: another edge's folder (``_corpus``) replays its tails and agreement; the later-chances
+    and second-signal replays are the corpus edge's only."""
     out: dict[str, Any] = {}
-    for path in sorted(CORPUS.glob("head-*.edge.jsonl")):
+    for path in sorted(corpus.glob("head-*.edge.jsonl")):
         m = int(path.name.split("-")[1].split(".")[0])
         led = {r["id"]: r for r in _rows(path)}
         if len([r for r in rows if r["id"] in led]) < len(rows):
@@ -406,7 +419,7 @@ def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str,
                                                        [p for p, r in zip(passes, rows) if r["suite"] == f],
                                                        [b for b, r in zip(billed, rows) if r["suite"] == f])
                                            for f in families}}
-        signals = {r["id"]: r for r in _rows(CORPUS / f"lead-{m}.signal.jsonl")}
+        signals = {r["id"]: r for r in _rows(corpus / f"lead-{m}.signal.jsonl")}
         if len(signals) < len(rows):
             continue
         features = {
@@ -442,9 +455,24 @@ def _lead_policies(rows: list[dict[str, Any]], families: list[str]) -> dict[str,
             out[f"lead-{m}:agree>={shipped} (in-suite)"] = {
                 "held_out": _summary(rows, [True] * len(rows), p, b),
                 "whole_by_check": round(sum(whole.values()) / len(rows), 4)}
-    out.update(_rolling_lead(rows, families))
-    out.update(_second_signal_lead(rows, families))
+    if corpus == CORPUS:
+        out.update(_rolling_lead(rows, families))
+        out.update(_second_signal_lead(rows, families))
     return out
+
+
+def lead_report(args: argparse.Namespace) -> None:
+    """Lead mode replayed with another edge's tails and agreement (``head`` and ``lead-signal`` run
+    with ``--edge``), beside the corpus edge's: ``results/chat_only_lead.<edge>.json``."""
+    rows = _joined()
+    families = sorted({r["suite"] for r in rows})
+    lead, corpus_edge = _lead_policies(rows, families, _corpus(args.edge)), _lead_policies(rows, families)
+    out = {"edge": args.edge, "tasks": len(rows), "lead": lead,
+           "corpus_edge": {"edge": EDGE_MODEL, "lead": {k: v for k, v in corpus_edge.items() if k in lead}}}
+    (RESULTS / f"chat_only_lead.{Path(args.edge).name.removesuffix('.gguf')}.json").write_text(
+        json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    for name, row in out["lead"].items():
+        print(f"{name:40s} {row.get('held_out', row)}")
 
 
 def _chosen_held_out(rows: list[dict[str, Any]], families: list[str], grid: list[Any],
@@ -669,6 +697,11 @@ def main() -> None:
     hd.add_argument("--parallel", type=int, default=8)
     ls = sub.add_parser("lead-signal")
     ls.add_argument("--m", type=int, default=16)
+    lr = sub.add_parser("lead-report")
+    for phase in (hd, ls, lr):
+        phase.add_argument("--edge", default=EDGE_MODEL,
+                           help="the edge writing tails (catalogue name or .gguf); another than the corpus's "
+                                "keeps its files in corpus/<edge>/")
     cs = sub.add_parser("cloud-signal")
     cs.add_argument("--m", type=int, default=16)
     rep = sub.add_parser("report")
@@ -683,7 +716,7 @@ def main() -> None:
     lv.add_argument("--out", help="results file name (default chat_only_live[_split].json)")
     args = parser.parse_args()
     {"probe": probe, "head": head, "lead-signal": lead_signal, "cloud-signal": cloud_signal, "report": report,
-     "live": live}[args.phase](args)
+     "live": live, "lead-report": lead_report}[args.phase](args)
 
 
 if __name__ == "__main__":

@@ -99,7 +99,8 @@ def make(entry: CatalogueEntry, base: Path, dest: Path, *, progress: bool = True
 
 
 def _quantize(base: str, out: str, type_name: str) -> None:
-    """The child process: llama.cpp's quantizer, every tensor as ``type_name``; prints the version."""
+    """The child process: llama.cpp's quantizer, its ``type_name`` mix (the head and embedding as
+    ``type_name``); prints the version."""
     import ctypes
 
     try:
@@ -107,8 +108,8 @@ def _quantize(base: str, out: str, type_name: str) -> None:
     except ImportError as exc:
         raise SystemExit(f"ImportError: making a requantized model needs llama-cpp-python ({exc}); "
                          "pip install 'edgecloud[edge]'") from exc
-    ggml_type = getattr(llama_cpp, f"GGML_TYPE_{type_name}", None)
-    ftype = getattr(llama_cpp, f"LLAMA_FTYPE_MOSTLY_{type_name}", None)
+    names = vars(llama_cpp)  # the type's constants, by the names llama.cpp gives them
+    ggml_type, ftype = names.get(f"GGML_TYPE_{type_name}"), names.get(f"LLAMA_FTYPE_MOSTLY_{type_name}")
     if ggml_type is None or ftype is None:
         raise SystemExit(f"ValueError: llama.cpp {llama_cpp.__version__} has no quantization type {type_name}")
     params = llama_cpp.llama_model_quantize_default_params()
@@ -116,7 +117,8 @@ def _quantize(base: str, out: str, type_name: str) -> None:
     params.allow_requantize = True
     params.output_tensor_type = ggml_type  # the head too: it is a third of a small model's bytes per token
     params.token_embedding_type = ggml_type
-    params.nthread = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    # the CPUs this process may use (its affinity, where the platform has one)
+    params.nthread = len(os.sched_getaffinity(0)) if sys.platform.startswith("linux") else (os.cpu_count() or 1)
     if llama_cpp.llama_model_quantize(base.encode(), out.encode(), ctypes.byref(params)) != 0:
         raise SystemExit(f"RuntimeError: llama.cpp could not quantize {base} as {type_name} (see above)")
     print(llama_cpp.__version__)
