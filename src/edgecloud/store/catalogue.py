@@ -23,8 +23,8 @@ __all__ = ["DEFAULT_EDGE_MODEL", "DEFAULT_MODEL", "PackagePart", "ModelSource", 
 #: The published 0.5B file: the torch engine's and the serving engines' default, and the base of
 #: the default edge model.
 DEFAULT_MODEL = "qwen2.5-coder-0.5b-instruct-q4"
-#: The default edge model (llama.cpp): the same 0.5B, requantized here as IQ4_NL throughout —
-#: small, fast on a CPU, and a good coder.
+#: The default edge model (llama.cpp): the same 0.5B, requantized here as IQ4_NL (llama.cpp keeps
+#: a few tensors at 5 bits) — small, fast on a CPU, and a good coder.
 DEFAULT_EDGE_MODEL = "qwen2.5-coder-0.5b-instruct-iq4nl"
 
 

@@ -59,26 +59,28 @@ def verify(entry: CatalogueEntry, path: Path, *, progress: bool = False) -> None
     made here (requantized) is checked against the size and sha256 recorded when it was made.
     """
     if entry.source.kind == "requantized":
-        requantize.verify_made(entry, path)
-        return
-    size = path.stat().st_size
-    if entry.sha256 is None:
+        expected_size, expected_sha = requantize.recorded(entry, path)
+        again = f"run `edgecloud models pull {entry.name} --force` to make it again"
+    elif entry.sha256 is None:
         return  # hub-only entry: size and hash of the exact upstream file are not pinned
-    if size != entry.size_bytes:
+    else:
+        expected_size, expected_sha = entry.size_bytes, entry.sha256
+        again = f"run `edgecloud models pull {entry.name}` to fetch it again"
+    size = path.stat().st_size
+    if size != expected_size:
         raise ModelIntegrityError(
-            f"{path} is {size} bytes, expected {entry.size_bytes} for {entry.name} "
-            f"(truncated or altered); run `edgecloud models pull {entry.name}` to fetch it again"
+            f"{path} is {size} bytes, expected {expected_size} for {entry.name} (truncated or altered); {again}"
         )
-    if is_recorded_verified(path, entry.sha256):
+    if is_recorded_verified(path, expected_sha):
         return
     with _progress(progress) as bar:
         task = bar.add_task(f"verifying {entry.name}", total=size)
         digest = sha256_file(path, on_bytes=lambda n: bar.advance(task, n))
-    if digest != entry.sha256:
+    if digest != expected_sha:
         forget_verified(path)
         raise ModelIntegrityError(
-            f"{path} has sha256 {digest}, expected {entry.sha256} for {entry.name} (the file was "
-            f"altered or corrupted); run `edgecloud models pull {entry.name}` to fetch it again"
+            f"{path} has sha256 {digest}, expected {expected_sha} for {entry.name} (the file was "
+            f"altered or corrupted); {again}"
         )
     record_verified(path, digest)
 

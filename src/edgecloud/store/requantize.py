@@ -1,6 +1,6 @@
 """Catalogue models made here from another one: a GGUF requantized by llama.cpp's own quantizer.
 
-This module owns :func:`make` and :func:`verify_made`. A catalogue entry whose source is
+This module owns :func:`make` and :func:`recorded`. A catalogue entry whose source is
 ``{"kind": "requantized", "base": <entry>, "type": <GGML type>}`` is not downloaded: its base is
 pulled (and verified) as usual, then llama.cpp rewrites it as its ``type`` mix (the output head
 and the token embedding as ``type`` too) with ``allow_requantize``. The default edge model is
@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ModelFetchError, ModelIntegrityError
-from .cache import forget_verified, is_recorded_verified, known_sha256, record_verified, sha256_file
+from .cache import forget_verified, known_sha256, record_verified, sha256_file
 from .catalogue import CatalogueEntry
 
-__all__ = ["make", "made_record", "verify_made"]
+__all__ = ["make", "made_record", "recorded"]
 
 
 def _record_path(path: Path) -> Path:
@@ -46,25 +46,16 @@ def made_record(path: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
-def verify_made(entry: CatalogueEntry, path: Path) -> None:
-    """ModelIntegrityError unless ``path`` is the file :func:`make` made for ``entry`` (same base
-    and type, and the size and sha256 recorded when it was made)."""
+def recorded(entry: CatalogueEntry, path: Path) -> tuple[int, str]:
+    """The size and sha256 :func:`make` recorded for ``path`` as ``entry``'s file (what
+    :func:`edgecloud.store.fetch.verify` checks it against); ModelIntegrityError when there is no
+    record of making it from the entry's base as its type."""
     record = made_record(path)
-    again = f"; run `edgecloud models pull {entry.name} --force` to make it again"
     if record is None or record.get("base") != entry.source.base or record.get("type") != entry.source.type:
         raise ModelIntegrityError(f"{path} has no record of being made from {entry.source.base} as "
-                                  f"{entry.source.type}{again}")
-    size = path.stat().st_size
-    if size != record.get("size"):
-        raise ModelIntegrityError(f"{path} is {size} bytes, {record.get('size')} when it was made (truncated or "
-                                  f"altered){again}")
-    expected = str(record.get("sha256"))
-    if is_recorded_verified(path, expected):
-        return
-    if sha256_file(path) != expected:
-        forget_verified(path)
-        raise ModelIntegrityError(f"{path} no longer has the sha256 it was made with (altered or corrupted){again}")
-    record_verified(path, expected)
+                                  f"{entry.source.type}; run `edgecloud models pull {entry.name} --force` to "
+                                  "make it again")
+    return int(record["size"]), str(record["sha256"])
 
 
 def make(entry: CatalogueEntry, base: Path, dest: Path, *, progress: bool = True) -> Path:
