@@ -47,15 +47,15 @@ MIN_SPEEDUP = 1.3
 def _files() -> dict[str, Path]:
     """The published file and each type made from it (the catalogue's default edge model for
     IQ4_NL; the others made once, kept beside it in the cache)."""
-    from edgecloud.store import DEFAULT_EDGE_MODEL, resolve_model
+    from edgecloud.store import DEFAULT_DRAFT_MODEL, resolve_model
     from edgecloud.store.catalogue import require_entry
     from edgecloud.store.requantize import make
 
     base = resolve_model(BASE)
     files = {"published": base}
     for kind in TYPES:
-        if kind == require_entry(DEFAULT_EDGE_MODEL).source.type:
-            files[kind] = resolve_model(DEFAULT_EDGE_MODEL)
+        if kind == require_entry(DEFAULT_DRAFT_MODEL).source.type:
+            files[kind] = resolve_model(DEFAULT_DRAFT_MODEL)
             continue
         dest = base.with_name(f"{BASE}.{kind.lower()}.bench.gguf")
         if not dest.exists():

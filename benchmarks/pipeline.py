@@ -168,7 +168,6 @@ def _summary(results: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
 
 def live(args: argparse.Namespace) -> None:
     from edgecloud import EdgeCloud
-    from edgecloud.edge.llamacpp import LlamaCppBackend
     from edgecloud.router.training.corpus import load_corpus
     from edgecloud.router.training.tasks import grade
     from edgecloud.store import resolve_model
@@ -185,10 +184,11 @@ def live(args: argparse.Namespace) -> None:
     same_prompt = bool(args.temperature) or args.same_prompt
     server, port = _start_server(CLOUD_MODEL if vllm else str(resolve_model(CLOUD_MODEL)), split, args.engine)
     try:
+        # the client makes its edge backends as a user's would: the edge model writes (all-edge), the
+        # draft model drafts (verified); split, this process's affinity (core 0) gives them one thread
         with LatencyProxy(("127.0.0.1", port), rtt_s=args.rtt) as net, \
-                LlamaCppBackend(str(resolve_model(args.edge)), n_threads=1 if split else None) as edge, \
-                EdgeCloud(edge_backend=edge, cloud_base_url=f"{net.url}/v1", cloud_model=CLOUD_MODEL,
-                          config={"fallback": {"timeout_s": 300}}) as client:
+                EdgeCloud(args.edge, edge_draft_model=args.draft, cloud_base_url=f"{net.url}/v1",
+                          cloud_model=CLOUD_MODEL, config={"fallback": {"timeout_s": 300}}) as client:
             _answer(client, {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm
             def sampled(row: dict[str, Any]) -> dict[str, Any]:  # one seed per task, the same for every policy
                 seed = int(hashlib.sha256(row["id"].encode()).hexdigest()[:8], 16)
@@ -210,13 +210,14 @@ def live(args: argparse.Namespace) -> None:
                     if "raised" not in r and "raised" not in c]
             summary[name]["same_text_as_all_cloud"] = round(sum(same) / max(1, len(same)), 3)
     out = {"rtt_s": args.rtt, "split_cores": split, "temperature": args.temperature, "tasks": len(sample),
-           "engine": args.engine,
-           "per_family": args.per_family, "edge": args.edge, "cloud": CLOUD_MODEL, "summary": summary,
+           "engine": args.engine, "per_family": args.per_family, "edge": args.edge,
+           "draft": client.hybrid.draft_model() or args.edge, "cloud": CLOUD_MODEL, "summary": summary,
            "answers": results}
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
     engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
     skip_tag = f"_skip{args.skip}" if args.skip else ""
     skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"  # not the corpus's
+    skip_tag += f"_draft-{Path(args.draft).name.removesuffix('.gguf') or 'edge'}" if args.draft != "auto" else ""
     name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
             f"{sampled_tag}{skip_tag}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -276,6 +277,10 @@ def main() -> None:
     lv.add_argument("--edge", default=DEFAULT_EDGE_MODEL,
                     help="the edge model: a catalogue name or a GGUF path (default: the client's; a run with "
                          "another edge than the corpus's published 0.5B has its name in the file's)")
+    lv.add_argument("--draft", default="auto",
+                    help="what verified mode drafts with (the client's edge_draft_model: auto, a catalogue name or "
+                         "GGUF path, '' for the edge model itself); a run with another than auto has it in the file's "
+                         "name")
     lv.add_argument("--policies", default="", help="a comma-separated subset (all-cloud among them)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")

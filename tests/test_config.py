@@ -29,7 +29,7 @@ def write(path: Path, text: str) -> Path:
 
 def test_defaults() -> None:
     s = load_settings()
-    assert s.edge_model == "qwen2.5-coder-0.5b-instruct-iq4nl"
+    assert s.edge_model == "qwen2.5-coder-0.5b-instruct-q4"
     assert s.cloud_base_url == [] and s.cloud_api_key is None and s.cloud_model is None
     # bands unset: the policy takes the scorer's own (the rules': the design notes' 0.3 / 0.7)
     assert (s.router.scorer, s.router.edge_below, s.router.cloud_above, s.router.pii) == ("learned", None, None, "edge_only")

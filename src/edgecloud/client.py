@@ -61,6 +61,7 @@ class _BaseEdgeCloud:
         collab: str | None = None,
         session: str | None = None,
         edge_speculate: str | None = None,
+        edge_draft_model: str | os.PathLike[str] | None = None,
     ) -> None:
         overrides: dict[str, Any] = {
             "cloud_base_url": [cloud_base_url] if isinstance(cloud_base_url, str) else cloud_base_url,
@@ -69,6 +70,7 @@ class _BaseEdgeCloud:
             "n_ctx": n_ctx,
             "edge_runtime": edge_runtime,
             "edge_speculate": edge_speculate,
+            "edge_draft_model": None if edge_draft_model is None else str(edge_draft_model),
         }
         if collab is not None:
             overrides["collab"] = {"mode": collab}

@@ -57,6 +57,7 @@ from .registry import make_edge_backend
 from .router.cascade import ConfidenceCheck
 from .router.policy import RouteDecision, RoutePolicy
 from .router.scorers import load_scorer
+from .store.catalogue import get_entry
 from .types import ChatCompletionChunk, ChatRequest, CostInfo, NoteCode, Usage
 
 __all__ = ["Hybrid", "ModePlan", "make_edge_backend"]
@@ -93,6 +94,7 @@ class Hybrid(Backend):
         self.settings = settings
         fb = settings.fallback
         self._edge = edge_backend
+        self._drafter: Backend | None = None
         # backends passed in belong to the caller: close() leaves them open
         self._owns_edge, self._owns_clouds = edge_backend is None, cloud_backends is None
         self._edge_configured = edge_backend is not None or settings.edge_model is not None
@@ -144,6 +146,39 @@ class Hybrid(Backend):
                                                    cache=s.cache, kv_events=self.metrics.kv_cache_event,
                                                    speculate=s.edge_speculate)
         return self._edge
+
+    def draft_model(self) -> str | None:
+        """The file verified mode drafts with where it is not the edge model itself
+        (``edge_draft_model``: ``auto`` is the drafter the catalogue names for ``edge_model``), else None."""
+        s = self.settings
+        if not self._owns_edge or s.edge_model is None or s.edge_runtime != "llamacpp" or s.edge_draft_model is None:
+            return None
+        name = s.edge_draft_model
+        if name == "auto":
+            entry = get_entry(s.edge_model)
+            name = entry.drafter if entry is not None else None
+        return name if name and name != s.edge_model else None
+
+    @property
+    def drafter(self) -> Backend | None:
+        """What verified mode drafts with: :meth:`draft_model`'s backend (created on first use,
+        beside the edge's), else the edge's."""
+        name = self.draft_model()
+        if name is None:
+            return self.edge
+        if self._drafter is None:
+            with self._lock:
+                if self._drafter is None:
+                    s = self.settings
+                    self._drafter = make_edge_backend(s.edge_runtime, name, n_ctx=s.n_ctx, device=self._device,
+                                                      cache=s.cache, kv_events=self.metrics.kv_cache_event,
+                                                      speculate=s.edge_speculate)
+        return self._drafter
+
+    def _drafter_attempt(self) -> Attempt:
+        drafter = self.drafter
+        assert drafter is not None
+        return Attempt("edge", drafter, self.edge_breaker, "edge")  # one device: one circuit
 
     def _cloud_attempts(self) -> list[Attempt]:
         attempts = [Attempt("cloud", c, b, c.base_url or c.name) for c, b in zip(self.clouds, self.cloud_breakers)]
@@ -334,21 +369,29 @@ class Hybrid(Backend):
         return out
 
     def load(self) -> None:
+        """Load the edge model now (and the file verified mode drafts with, where a cloud is set
+        and collaboration may verify), instead of on the first answer."""
         if self.edge is not None:
             self.edge.load()
+        if self.clouds and self.settings.collab.mode in ("auto", "verified") and self.draft_model():
+            drafter = self.drafter
+            assert drafter is not None
+            drafter.load()
 
     def close(self) -> None:
         """Close the backends this engine created (not ones the caller passed in)."""
-        if self._edge is not None and self._owns_edge:
-            self._edge.close()
+        for edge in (self._edge, self._drafter):
+            if edge is not None and self._owns_edge:
+                edge.close()
         if self._owns_clouds:
             for cloud in self.clouds:
                 cloud.close()
 
     async def aclose(self) -> None:
         """Async twin of :meth:`close`: closes the cloud clients' async connections too."""
-        if self._edge is not None and self._owns_edge:
-            await self._edge.aclose()
+        for edge in (self._edge, self._drafter):
+            if edge is not None and self._owns_edge:
+                await edge.aclose()
         if self._owns_clouds:
             for cloud in self.clouds:
                 await cloud.aclose()
@@ -389,7 +432,8 @@ class _Run:
         settings = hybrid.settings
         self.answer = AnswerRun(request, attempts, hybrid.answer_settings(request), self.recorder,
                                 mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence, auto=plan.auto,
-                                redacted=self.decision.redaction is not None)
+                                redacted=self.decision.redaction is not None,
+                                drafter=hybrid._drafter_attempt if hybrid.draft_model() else None)
 
     def span(self) -> Any:
         """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from edgecloud.config import CollabSettings
-from edgecloud.store import DEFAULT_EDGE_MODEL
+from edgecloud.store import DEFAULT_DRAFT_MODEL
 from bench_scripts import BENCH, load
 
 
@@ -23,12 +23,12 @@ def bench() -> ModuleType:
 
 @pytest.fixture(scope="module")
 def traces(bench) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
-    return [json.loads(line) for line in bench._files(DEFAULT_EDGE_MODEL)[0].read_text().splitlines()]
+    return [json.loads(line) for line in bench._files(DEFAULT_DRAFT_MODEL)[0].read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
 def calibration(bench) -> dict[str, Any]:  # type: ignore[no-untyped-def]
-    return json.loads(bench._files(DEFAULT_EDGE_MODEL)[1].read_text())
+    return json.loads(bench._files(DEFAULT_DRAFT_MODEL)[1].read_text())
 
 
 def test_the_traces_are_real_answers_of_every_family(traces: list[dict[str, Any]]) -> None:
@@ -61,7 +61,7 @@ def test_a_block_ends_where_the_edge_is_unsure_and_the_answer_is_the_clouds(benc
 
 
 def test_the_shipped_floor_is_the_one_chosen_held_out_by_family(bench) -> None:  # type: ignore[no-untyped-def]
-    report = json.loads((BENCH / "results" / f"{bench._files(DEFAULT_EDGE_MODEL)[2]}.json").read_text())
+    report = json.loads((BENCH / "results" / f"{bench._files(DEFAULT_DRAFT_MODEL)[2]}.json").read_text())
     shipped = CollabSettings().draft_confidence
     # where the floor applies (the sides take turns: a cloud on this machine, loopback), it is one of
     # the floors chosen held out, within the bound on the cloud's passes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 
-from edgecloud.store import DEFAULT_EDGE_MODEL, require_entry
+from edgecloud.store import DEFAULT_DRAFT_MODEL, require_entry
 from bench_scripts import load
 
 
@@ -14,7 +14,7 @@ def test_the_default_edge_type_is_the_one_chosen_held_out_by_family() -> None:
     bench = load("edge_quant")
     data = json.loads(bench.OUT.read_text())
     report = bench._report(data)  # recomputed from the committed speeds, agreements and grades
-    shipped = require_entry(DEFAULT_EDGE_MODEL).source.type
+    shipped = require_entry(DEFAULT_DRAFT_MODEL).source.type
     assert {fold["chosen"] for fold in report["held_out"].values()} == {shipped}
     assert len(report["held_out"]) >= 8
     row, published = report["table"][shipped], report["table"]["published"]

@@ -102,9 +102,9 @@ def test_a_requantized_source_must_name_its_base_and_type() -> None:
 def test_the_default_edge_model_is_the_published_0_5b_made_smaller_and_still_picks_like_it(qwen05_path: Path) -> None:
     from edgecloud.edge.llamacpp import LlamaCppBackend
 
-    entry = store.require_entry(store.DEFAULT_EDGE_MODEL)
+    entry = store.require_entry(store.DEFAULT_DRAFT_MODEL)
     assert entry.source.kind == "requantized" and entry.fetchable_here
-    made = store.resolve_model(store.DEFAULT_EDGE_MODEL, progress=False)
+    made = store.resolve_model(store.DEFAULT_DRAFT_MODEL, progress=False)
     assert made.stat().st_size < 0.8 * qwen05_path.stat().st_size
     assert "Q8_0" in _types(qwen05_path) and "Q8_0" not in _types(made)  # the published head was Q8_0
     assert _share(made, entry.source.type) >= 0.8

@@ -227,13 +227,15 @@ def chat_command(
         # display at a time.
         if backend not in _FOLDER_MODELS:
             resolve_model(model, pull=True)
-        edge = client.edge
-        assert edge is not None  # --model always names one
+        drafter = client.hybrid.draft_model() if client.hybrid.clouds else None
+        if drafter is not None:  # what verified mode drafts with (made once, with its own progress)
+            resolve_model(drafter, pull=True)
+        assert client.edge is not None  # --model always names one
         if prompt is None:
             with err.status(f"loading {model}…", spinner="dots"):
-                edge.load()
+                client.hybrid.load()
         else:
-            edge.load()
+            client.hybrid.load()
     except EdgeCloudError as exc:
         err.print(f"[red]edgecloud: error:[/red] {exc}", soft_wrap=True)
         raise typer.Exit(2) from None

@@ -70,6 +70,9 @@ class AnswerRun:
     auto: bool = False
     #: Whether the clouds see a redacted conversation (no token ids may be shared with them).
     redacted: bool = False
+    #: The edge attempt verified mode drafts with, where it is another file than the edge's (a
+    #: faster one of the same model: ``edge_draft_model``), made on first use; None: the edge's.
+    drafter: Callable[[], Attempt] | None = None
 
     def step_down(self, refused: ExtensionUnsupportedError, by: Attempt) -> Iterator[ChatCompletionChunk]:
         """The answer, written by the next mode ``auto`` ranks (:func:`~edgecloud.collab.auto.auto_mode`)

@@ -75,7 +75,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 from urllib.parse import urlsplit
 
 from ..answer import Part
@@ -291,9 +291,15 @@ class DraftAndCheck(SharedAnswer):
 
     mode = "verified"
     trust: float | None = None
+    #: Whether the edge only drafts (every token checked): then it drafts with ``run.drafter``,
+    #: the faster file, where one is set. Checked mode keeps the edge's sure tokens unchecked.
+    drafts_only: ClassVar[bool] = True
 
     def __init__(self, run: AnswerRun) -> None:
         super().__init__(run)
+        if self.drafts_only and run.drafter is not None:
+            self.edge_attempt = run.drafter()
+            self.edge = self.edge_attempt.backend
         if not isinstance(self.edge, Drafter):
             raise ConfigError(f"collab={self.mode!r} needs an edge runtime that drafts token ids (llama.cpp); "
                               f"{self.edge.name} does not: use collab='token' or edge_runtime='llamacpp'")
@@ -685,6 +691,7 @@ class CheckedAnswer(DraftAndCheck):
     """One answer in checked mode: the edge writes while sure, the cloud checks where it is not."""
 
     mode = "checked"
+    drafts_only = False
 
     def __init__(self, run: AnswerRun) -> None:
         super().__init__(run)

@@ -12,11 +12,12 @@ from pathlib import Path
 
 from ..errors import ModelFetchError, ModelIntegrityError, ModelNotFoundError
 from .cache import home_dir, model_file, models_dir
-from .catalogue import DEFAULT_EDGE_MODEL, DEFAULT_MODEL, CatalogueEntry, catalogue, get_entry, require_entry
+from .catalogue import DEFAULT_DRAFT_MODEL, DEFAULT_EDGE_MODEL, DEFAULT_MODEL, CatalogueEntry, catalogue, get_entry, require_entry
 from . import fetch
 from .fetch import is_pulled, pull, verify
 
 __all__ = [
+    "DEFAULT_DRAFT_MODEL",
     "DEFAULT_EDGE_MODEL",
     "DEFAULT_MODEL",
     "CatalogueEntry",
