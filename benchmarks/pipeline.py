@@ -209,15 +209,16 @@ def live(args: argparse.Namespace) -> None:
             same = [r["text_sha"] == c["text_sha"] for r, c in zip(rows, results["all-cloud"])
                     if "raised" not in r and "raised" not in c]
             summary[name]["same_text_as_all_cloud"] = round(sum(same) / max(1, len(same)), 3)
+    draft = client.hybrid.draft_model()  # another file than the edge model's drafts: its name is in the file's
     out = {"rtt_s": args.rtt, "split_cores": split, "temperature": args.temperature, "tasks": len(sample),
            "engine": args.engine, "per_family": args.per_family, "edge": args.edge,
-           "draft": client.hybrid.draft_model() or args.edge, "cloud": CLOUD_MODEL, "summary": summary,
+           "draft": draft or args.edge, "cloud": CLOUD_MODEL, "summary": summary,
            "answers": results}
     sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
     engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
     skip_tag = f"_skip{args.skip}" if args.skip else ""
     skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"  # not the corpus's
-    skip_tag += f"_draft-{Path(args.draft).name.removesuffix('.gguf') or 'edge'}" if args.draft != "auto" else ""
+    skip_tag += f"_draft-{Path(draft).name.removesuffix('.gguf')}" if draft else ""
     name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
             f"{sampled_tag}{skip_tag}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
@@ -279,8 +280,8 @@ def main() -> None:
                          "another edge than the corpus's published 0.5B has its name in the file's)")
     lv.add_argument("--draft", default="auto",
                     help="what verified mode drafts with (the client's edge_draft_model: auto, a catalogue name or "
-                         "GGUF path, '' for the edge model itself); a run with another than auto has it in the file's "
-                         "name")
+                         "GGUF path, '' for the edge model itself); a run whose drafts come from another file than "
+                         "the edge model's has its name in the file's")
     lv.add_argument("--policies", default="", help="a comma-separated subset (all-cloud among them)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")

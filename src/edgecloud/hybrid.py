@@ -57,7 +57,7 @@ from .registry import make_edge_backend
 from .router.cascade import ConfidenceCheck
 from .router.policy import RouteDecision, RoutePolicy
 from .router.scorers import load_scorer
-from .store.catalogue import get_entry
+from .store.catalogue import draft_model_for
 from .types import ChatCompletionChunk, ChatRequest, CostInfo, NoteCode, Usage
 
 __all__ = ["Hybrid", "ModePlan", "make_edge_backend"]
@@ -151,13 +151,9 @@ class Hybrid(Backend):
         """The file verified mode drafts with where it is not the edge model itself
         (``edge_draft_model``: ``auto`` is the drafter the catalogue names for ``edge_model``), else None."""
         s = self.settings
-        if not self._owns_edge or s.edge_model is None or s.edge_runtime != "llamacpp" or s.edge_draft_model is None:
+        if not self._owns_edge or s.edge_model is None or s.edge_runtime != "llamacpp":
             return None
-        name = s.edge_draft_model
-        if name == "auto":
-            entry = get_entry(s.edge_model)
-            name = entry.drafter if entry is not None else None
-        return name if name and name != s.edge_model else None
+        return draft_model_for(s.edge_model, s.edge_draft_model)
 
     @property
     def drafter(self) -> Backend | None:

@@ -50,3 +50,18 @@ def test_plan_errors_exit_2_without_traceback() -> None:
         assert result.exit_code == 2, result.output
         assert "Traceback" not in result.output
         assert "error" in result.stderr
+
+
+def test_plan_says_what_verified_mode_drafts_with_and_its_weights() -> None:
+    runner = CliRunner()
+    edge = runner.invoke(app, ["plan", "--model", "qwen2.5-coder-0.5b-instruct-q4", "--json"])
+    assert edge.exit_code == 0, edge.output
+    data = json.loads(edge.stdout)
+    drafter = data["drafter"]  # the catalogue's faster file of the edge model, planned from its metadata
+    alone = json.loads(runner.invoke(app, ["plan", "--model", drafter["model"], "--json"]).stdout)
+    assert 0 < drafter["weights_bytes"] == alone["weights_bytes"] < data["weights_bytes"]
+    one_file = runner.invoke(app, ["plan", "--model", "qwen2.5-coder-0.5b-instruct-q4", "--json"],
+                             env={"EDGECLOUD_EDGE_DRAFT_MODEL": ""})
+    assert "drafter" not in json.loads(one_file.stdout)
+    small = json.loads(runner.invoke(app, ["plan", "--model", "smollm2-135m-instruct-q4", "--json"]).stdout)
+    assert "drafter" not in small  # an edge model with no faster file drafts itself

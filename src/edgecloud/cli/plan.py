@@ -16,6 +16,7 @@ from ..config import load_settings
 from ..edge.memory import KV_CACHE_TYPES, MemoryPlan, plan, plan_onnx, with_kv_tiers
 from ..errors import EdgeCloudError
 from ..runtime.hardware import cpu_budget
+from ..store.catalogue import draft_model_for
 
 __all__ = ["plan_command"]
 
@@ -57,13 +58,14 @@ def plan_command(
             cache = load_settings().cache
             result = with_kv_tiers(result, cache.ram_mib * _MiB, cache.disk_mib * _MiB, cache.folder())
         cloud = _cloud(cloud_base_url, cloud_model, onnx=Path(model).expanduser().is_dir())
+        drafter = _drafter(model, device, ctx, kv_cache_type)
     except EdgeCloudError as exc:
         typer.echo(f"edgecloud: error: {exc}", err=True)
         raise typer.Exit(2) from None
     cpu = cpu_budget()
     if json_output:
         typer.echo(json.dumps({**result.to_dict(), "cpu": {**asdict(cpu), "said": cpu.describe()},
-                               **({"cloud": cloud} if cloud else {})}))
+                               **({"cloud": cloud} if cloud else {}), **({"drafter": drafter} if drafter else {})}))
         return
     table = Table(title=f"{result.model} on {result.device}", show_header=False)
     table.add_column("item")
@@ -92,6 +94,10 @@ def plan_command(
     console = Console()
     console.print(table)
     console.print(result.reason)
+    if drafter:
+        console.print(f"verified mode drafts with {drafter['model']} (edge_draft_model): "
+                      f"{_mib(drafter['weights_bytes'])} more weights, loaded beside it on the first verified answer "
+                      "(edge_draft_model='' drafts with the edge model itself)")
     if cloud:
         found = Table(title=f"cloud {cloud['endpoint']} ({cloud['model']})", show_header=False)
         found.add_column("capability")
@@ -101,6 +107,16 @@ def plan_command(
         console.print(found)
         console.print(f"collab=auto runs {cloud['auto_mode']} mode: {cloud['why']}")
         console.print(f"with temperature above 0: {cloud['auto_mode_sampled']} mode: {cloud['why_sampled']}")
+
+
+def _drafter(model: str, device: str, ctx: int | None, kv_cache_type: str | None) -> dict[str, object] | None:
+    """The file verified mode drafts with beside ``model`` (``edge_draft_model``), and its weights."""
+    if Path(model).expanduser().is_dir():
+        return None
+    name = draft_model_for(model, load_settings().edge_draft_model)
+    if name is None:
+        return None
+    return {"model": name, "weights_bytes": _plan(name, device, ctx, kv_cache_type).weights_bytes}
 
 
 def _cloud(base_url: str | None, model: str | None, *, onnx: bool) -> dict[str, object] | None:

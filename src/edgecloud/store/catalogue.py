@@ -18,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from ..errors import ModelNotFoundError
 
-__all__ = ["DEFAULT_DRAFT_MODEL", "DEFAULT_EDGE_MODEL", "DEFAULT_MODEL", "PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
+__all__ = ["DEFAULT_DRAFT_MODEL", "DEFAULT_EDGE_MODEL", "DEFAULT_MODEL", "draft_model_for", "PackagePart", "ModelSource", "HubSource", "CatalogueEntry", "catalogue", "get_entry", "require_entry"]
 
 #: The published 0.5B file: the default edge model (it writes wherever the edge's text is kept:
 #: route="edge", privacy pins, lead mode's tail, failovers), the torch engine's and the serving
@@ -131,3 +131,13 @@ def require_entry(name: str) -> CatalogueEntry:
             f"unknown model {name!r}; known models: {known} (or pass a path to a local .gguf file)"
         )
     return entry
+
+
+def draft_model_for(edge_model: str, setting: str | None) -> str | None:
+    """The file that drafts for ``edge_model`` under the ``edge_draft_model`` ``setting`` (``auto``:
+    the entry's ``drafter``; a name or path: that one), or None where the edge model drafts itself."""
+    name = setting
+    if name == "auto":
+        entry = get_entry(edge_model)
+        name = entry.drafter if entry is not None else None
+    return name if name and name != edge_model else None
