@@ -48,7 +48,7 @@ from pydantic_settings import (
 from pydantic_settings.exceptions import SettingsError
 
 from .errors import ConfigError
-from .store.catalogue import DEFAULT_EDGE_MODEL
+from .store.catalogue import DEFAULT_EDGE_MODEL, get_entry
 from .types import CollabMode
 
 if sys.version_info >= (3, 11):
@@ -365,6 +365,14 @@ class EdgeCloudSettings(BaseSettings):
         if not value.strip():
             raise ValueError("edge_speculate is empty: use auto, off, ngram, or a draft model's catalogue name or path")
         return value.strip()
+
+    @field_validator("edge_draft_model")
+    @classmethod
+    def _draft_model_known(cls, value: str | None) -> str | None:
+        if value is None or value == "auto" or get_entry(value) is not None or Path(value).expanduser().is_file():
+            return value
+        raise ValueError(f"no catalogue model and no file is named {value!r}: use auto, '' (the edge model drafts "
+                         "itself), a catalogue name (`edgecloud models list`) or the path of a .gguf file")
 
     @field_validator("edge_runtime")
     @classmethod

@@ -92,3 +92,12 @@ def test_the_default_edge_model_drafts_with_a_faster_file_of_itself() -> None:
     assert c.hybrid.draft_model() == edge.drafter
     assert EdgeCloud(cloud_base_url="http://127.0.0.1:9/v1", cloud_model="m",
                      edge_draft_model="").hybrid.draft_model() is None
+
+
+def test_a_draft_model_that_names_nothing_is_a_config_error_naming_the_setting(tmp_path: Path) -> None:
+    from edgecloud.errors import ConfigError
+
+    for name in ("no-such-model", str(tmp_path / "missing.gguf")):
+        with pytest.raises(ConfigError) as caught:
+            EdgeCloud(cloud_base_url="http://127.0.0.1:9/v1", cloud_model="m", edge_draft_model=name)
+        assert "edge_draft_model" in str(caught.value)
