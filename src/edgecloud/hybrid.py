@@ -211,9 +211,9 @@ class Hybrid(Backend):
             available.append("edge")
         if any(b.available() for b in self.cloud_breakers):
             available.append("cloud")
-        edge = self._edge
-        if edge is not None and self.policy.edge_max_context is None and edge.n_ctx:
-            self.policy.edge_max_context = edge.n_ctx  # known once the edge model is loaded
+        known = [b.n_ctx for b in (self._edge, self._drafter) if b is not None and b.n_ctx]
+        if known and self.policy.edge_max_context is None:
+            self.policy.edge_max_context = min(known)  # known once an edge model (or its drafter) is loaded
         only = None if self.clouds and self._edge_configured else ("edge" if not self.clouds else "cloud")
         decision = self.policy.decide(request, available=[only] if only else (available or ["edge", "cloud"]))
         if only is not None and not decision.pinned and not (only == "edge" and decision.local_only):

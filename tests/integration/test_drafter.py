@@ -101,3 +101,26 @@ def test_a_draft_model_that_names_nothing_is_a_config_error_naming_the_setting(t
         with pytest.raises(ConfigError) as caught:
             EdgeCloud(cloud_base_url="http://127.0.0.1:9/v1", cloud_model="m", edge_draft_model=name)
         assert "edge_draft_model" in str(caught.value)
+
+
+def test_a_prompt_longer_than_the_drafters_context_is_answered_by_the_cloud(
+        smollm2_path: Path, draft_file: Path, cloud: str) -> None:
+    long = "Repeat the word apple. " * 80  # ~500 tokens: more than the edge's 256, less than the cloud's 1024
+    config = {"fallback": {"max_retries": 0, "timeout_s": 30, "connect_timeout_s": 2}, "router": {"pii": "off"}}
+    with EdgeCloud(str(smollm2_path), cloud_base_url=cloud, cloud_model="m", cloud_api_key=KEY, n_ctx=256,
+                   config=config, edge_draft_model=str(draft_file)) as c:
+        c.hybrid.policy.edge_max_context = None  # as before any edge model has loaded: the router cannot tell
+        answers = []
+        for _ in range(2):  # before anything is loaded, and once the drafter's context is known
+            chunks = list(c.chat.completions.create(messages=[{"role": "user", "content": long}], max_tokens=8,
+                                                    temperature=0, stream=True, collab="verified"))
+            answers.append(("".join(ch.text for ch in chunks), chunks[-1]))
+        alone = list(c.chat.completions.create(messages=[{"role": "user", "content": long}], max_tokens=8,
+                                               temperature=0, stream=True, route="cloud", collab="off"))
+    expected = "".join(ch.text for ch in alone)
+    assert expected and all(text == expected for text, _ in answers)
+    first, second = answers[0][1], answers[1][1]
+    assert [f.cause for f in first.route.fallbacks] == ["context_overflow"]  # found while starting: the cloud wrote it
+    # the drafter loaded (the edge model did not): its context now routes such a prompt to the cloud at once
+    assert c.edge is not None and not c.edge.loaded
+    assert second.route.target == "cloud" and not second.route.fallbacks

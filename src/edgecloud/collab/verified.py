@@ -80,7 +80,7 @@ from urllib.parse import urlsplit
 
 from ..answer import Part
 from ..backend import Backend, Drafter, Verifier, close_stream
-from ..errors import ConfigError, ExtensionUnsupportedError, InvalidRequestError, VocabularyMismatchError
+from ..errors import ConfigError, ContextOverflowError, ExtensionUnsupportedError, InvalidRequestError, VocabularyMismatchError
 from ..fallback import Attempt
 from ..observability.cost import forward_passes
 from ..runtime.coupling import SCHEME, Picker
@@ -351,6 +351,9 @@ class DraftAndCheck(SharedAnswer):
         if self.grammar is not None:
             self.held = _on_edge(self.drafter.hold, self.grammar, self.coupling)
         room = (self.edge.n_ctx or 0) - len(prompt) - 1
+        if room < 1:  # the edge cannot hold the prompt (the router did not know its context yet)
+            overflow = ContextOverflowError(len(prompt), self.edge.n_ctx or 0)
+            raise _EdgeFailed(overflow) from overflow
         budget = min(self.request.max_tokens or room, room)
         return prompt, budget, self.recorder.part("edge", self.edge.name), self.recorder.part("cloud", "cloud")
 
