@@ -98,6 +98,10 @@ class Hybrid(Backend):
         # backends passed in belong to the caller: close() leaves them open
         self._owns_edge, self._owns_clouds = edge_backend is None, cloud_backends is None
         self._edge_configured = edge_backend is not None or settings.edge_model is not None
+        # resolved once: the settings are fixed for the client's life, and each answer asks
+        self._draft_name = (draft_model_for(settings.edge_model, settings.edge_draft_model)
+                            if self._owns_edge and settings.edge_model is not None
+                            and settings.edge_runtime == "llamacpp" else None)
         self._device = device
         self._lock = threading.Lock()
         if cloud_backends is not None:
@@ -150,16 +154,13 @@ class Hybrid(Backend):
     def draft_model(self) -> str | None:
         """The file verified mode drafts with where it is not the edge model itself
         (``edge_draft_model``: ``auto`` is the drafter the catalogue names for ``edge_model``), else None."""
-        s = self.settings
-        if not self._owns_edge or s.edge_model is None or s.edge_runtime != "llamacpp":
-            return None
-        return draft_model_for(s.edge_model, s.edge_draft_model)
+        return self._draft_name
 
     @property
     def drafter(self) -> Backend | None:
         """What verified mode drafts with: :meth:`draft_model`'s backend (created on first use,
         beside the edge's), else the edge's."""
-        name = self.draft_model()
+        name = self._draft_name
         if name is None:
             return self.edge
         if self._drafter is None:
@@ -369,7 +370,7 @@ class Hybrid(Backend):
         and collaboration may verify), instead of on the first answer."""
         if self.edge is not None:
             self.edge.load()
-        if self.clouds and self.settings.collab.mode in ("auto", "verified") and self.draft_model():
+        if self.clouds and self.settings.collab.mode in ("auto", "verified") and self._draft_name:
             drafter = self.drafter
             assert drafter is not None
             drafter.load()
@@ -429,7 +430,7 @@ class _Run:
         self.answer = AnswerRun(request, attempts, hybrid.answer_settings(request), self.recorder,
                                 mid_stream=settings.fallback.mid_stream, confidence=hybrid.confidence, auto=plan.auto,
                                 redacted=self.decision.redaction is not None,
-                                drafter=hybrid._drafter_attempt if hybrid.draft_model() else None)
+                                drafter=hybrid._drafter_attempt if hybrid._draft_name else None)
 
     def span(self) -> Any:
         """The request's OpenTelemetry span (a no-op without OpenTelemetry); :meth:`attach` it."""
