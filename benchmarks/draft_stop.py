@@ -26,7 +26,7 @@ cloud token and the block, one pass); then the edge's draft step (two threads), 
 and each block after the cloud's token. ``sweep`` replays strict rounds (draft, then the check;
 what verified mode runs on a shared box) for each rule over every trace: the user's time as drafted tokens times the draft step
 plus each check's cost (plus the round trip), the checks, and the bill (the cloud's input: each
-block and the token before it; its output: one token a check), against all-cloud's decode of the
+block; its output: one token a check, which the server holds: ``session.keep_verified``), against all-cloud's decode of the
 same answer. The floor is chosen leave-one-family-out (of the floors whose checks stay within
 ``MAX_PASSES`` of all-cloud's passes at p50 on the other families, the one with the lowest
 end-to-end p50 there, scored on the held-out family), next to the in-suite figures.
@@ -178,7 +178,7 @@ def replay(trace: dict[str, Any], floor: float, cap: Callable[[float, float], in
         accepted = next((i for i, kept in enumerate(block) if not kept), len(block))
         cost = check[min(len(block), 15)] + rtt_ms
         ms += draft_ms * len(block) + cost + start_ms
-        checks, sent = checks + 1, sent + len(block) + 1
+        checks, sent = checks + 1, sent + len(block)
         acceptance.observe(len(block), accepted)
         round_ms = 0.7 * round_ms + 0.3 * cost
         written += accepted + 1

@@ -59,7 +59,8 @@ class LocalCloud(LlamaCppBackend):
     target = "cloud"  # type: ignore[assignment]
 
     def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
-                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None) -> Scored:
+                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None,
+                 keep_verified: bool = False) -> Scored:
         base = session.base(start) if session is not None else 0
         scores, nxt = self.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
         if session is not None:

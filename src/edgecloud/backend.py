@@ -375,10 +375,12 @@ class Verifier(Protocol):
         ...
 
     def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
-                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None) -> Scored:
+                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None,
+                 keep_verified: bool = False) -> Scored:
         """:meth:`score` in a token session: only what the endpoint does not hold is sent; with
         ``coupling`` or ``grammar``, the endpoint's picks under that sampler, held to that grammar
-        (its next token is its pick)."""
+        (its next token is its pick); ``keep_verified``: a check, after which the endpoint may hold
+        only the drafts it agrees with and its own token (``Scored.verified`` says)."""
         ...
 
     def token_texts(self, tokens: list[int]) -> list[str]:

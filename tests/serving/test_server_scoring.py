@@ -101,6 +101,8 @@ def test_the_cloud_client_reads_the_scores_back(scoring_server: tuple[str, Any])
     ({"prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "../x"}}, "session.id"),
     ({"prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "s", "base": -1}},
      "session.base"),
+    ({"prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 0, "session": {"id": "s", "keep_verified": True}},
+     "max_tokens"),
 ])
 def test_bad_scoring_requests_are_400s_naming_the_field(scoring_server: tuple[str, Any], body: dict[str, Any],
                                                          param: str) -> None:
@@ -166,6 +168,38 @@ def test_a_session_round_sends_only_what_is_new_and_scores_the_same(scoring_serv
     assert _metric(url, "prompt_tokens_total") - prompt_total == cut + 3 + len(ids)
     assert _metric(url, "forward_passes_total") - passes >= 3
     assert _metric(url, "session_context_tokens_total") >= cut
+
+
+def test_a_check_that_keeps_what_it_verified_holds_its_own_token_and_nothing_is_sent_back(
+        scoring_server: tuple[str, Any]) -> None:
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    greedy: list[int] = []  # the model's own continuation, a token at a time
+    for _ in range(5):
+        answer = _post(url, {"prompt": ids + greedy, "score_from": len(ids) + len(greedy)}).json()
+        greedy.append(int(answer["choices"][0]["logprobs"]["tokens"][-1].split(":")[1]))
+    wrong = (greedy[2] + 1) % 1000
+
+    def check(sid: str, prompt: list[int], base: int, score_from: int) -> Any:
+        body = {"prompt": prompt, "session": {"id": sid, "base": base, "keep_verified": True}, "score_from": score_from}
+        return _post(url, body).json()
+
+    # two drafts it agrees with, then a wrong one: it keeps the two and its own third token
+    first = check("kv-1", ids + [greedy[0], greedy[1], wrong, greedy[3]], 0, len(ids))
+    assert first["verified"] == {"accepted": 2, "token": greedy[2]}
+    assert first["session"]["tokens"] == len(ids) + 3 and first["usage"]["completion_tokens"] == 1
+    # the next check sends its drafts alone, and scores them as the whole context would
+    later = check("kv-1", [greedy[3]], len(ids) + 3, len(ids) + 3)
+    assert later["usage"]["prompt_tokens"] == 1 and later["verified"] == {"accepted": 1, "token": greedy[4]}
+    whole = _post(url, {"prompt": ids + greedy[:4], "score_from": len(ids) + 3}).json()
+    assert later["choices"][0]["logprobs"]["top_logprobs"] == whole["choices"][0]["logprobs"]["top_logprobs"][-2:]
+    assert later["session"]["tokens"] == len(ids) + 5
+    # a block it agrees with whole: its token after the block
+    whole_block = check("kv-2", ids + greedy[:2], 0, len(ids))
+    assert whole_block["verified"] == {"accepted": 2, "token": greedy[2]}
+    # a plain session round keeps everything it was sent, and says nothing of verification
+    plain = _post(url, {"prompt": ids + [wrong], "session": {"id": "kv-3"}, "score_from": len(ids)}).json()
+    assert plain["session"]["tokens"] == len(ids) + 1 and plain.get("verified") is None
 
 
 def test_a_session_the_server_does_not_hold_is_a_409_and_the_client_resends(scoring_server: tuple[str, Any]) -> None:

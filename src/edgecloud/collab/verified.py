@@ -42,9 +42,12 @@ measured costs favour: ending it at unsure tokens there added a third more check
 0.80x). Where a block ends never changes the text, only the checks.
 
 Each answer is a token session on the cloud (:class:`~edgecloud.remote.session.TokenSession`):
-the first round sends the prompt, later rounds only the tokens the cloud has not seen (what the
-edge wrote since, and the new block), so the cloud is paid for each token once; a server that
-lost the session gets the whole context again (slower, same answer). ``k`` adapts per answer
+the first round sends the prompt, later rounds only the tokens the cloud has not seen, so the
+cloud is paid for each token once. Each check asks the server to keep what it verified
+(``session.keep_verified``): it holds the drafts it agrees with and its own token after them, as
+its own generation would, so that token (the one output a round is billed for) is not sent back
+as input; the next round sends only the new block. A server that lost the session gets the whole
+context again (slower, same answer). ``k`` adapts per answer
 (:class:`~edgecloud.runtime.speculative.Acceptance` and :func:`~edgecloud.runtime.speculative.best_k`
 over the measured cost of a drafted token and of a round).
 
@@ -173,6 +176,8 @@ class _Flight:
     block: list[int]
     future: Future[Scored]
     started: float
+    #: Tokens of context before the block.
+    at: int
 
     def drop(self) -> None:
         """Nobody will read this check's answer (it is dropped when it lands): its breaker trial is given back."""
@@ -432,7 +437,6 @@ class DraftAndCheck(SharedAnswer):
                         draft_s = 0.7 * draft_s + 0.3 * edge_s / len(block)
                     measured = measured or bool(block)
                     round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - started - edge_s)
-                self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
             written = [*(("edge", t) for t in kept), *((("cloud", extra),) if extra is not None else ())]
             for side, token in written:
                 yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)  # type: ignore[arg-type]
@@ -489,7 +493,6 @@ class DraftAndCheck(SharedAnswer):
                     if landed.block:  # (the prompt's check costs its prefill: not a round's cost)
                         acceptance.observe(len(landed.block), len(kept))
                         cost.observe(len(landed.block) + 1, time.perf_counter() - landed.started)
-                    self.session.keep(len(prompt) + len(ids) + len(kept))  # the rejected drafts are not context
                 written = [*kept, *([extra] if extra is not None else [])]
                 for i, token in enumerate(written):
                     side = "cloud" if extra is not None and i == len(kept) else "edge"
@@ -637,7 +640,7 @@ class DraftAndCheck(SharedAnswer):
                 except Exception as exc:  # noqa: BLE001 - told apart from the check's own failure
                     raise _VocabRefused(exc) from exc
             return verifier.score_in(self.session, context, start=len(tokens), top_n=1, coupling=self.coupling,
-                                     grammar=self.grammar)
+                                     grammar=self.grammar, keep_verified=True)
 
         started = time.perf_counter()
         if wait:
@@ -648,7 +651,7 @@ class DraftAndCheck(SharedAnswer):
                 future.set_exception(exc)
         else:
             future = _CHECKS.submit(check)
-        return _Flight(attempt, list(draft), future, started)
+        return _Flight(attempt, list(draft), future, started, len(tokens))
 
     def _settle(self, flight: _Flight, part: Part) -> tuple[list[int], int] | None:
         """The kept draft prefix and the cloud's next token, once the check has landed; None when
@@ -682,6 +685,7 @@ class DraftAndCheck(SharedAnswer):
         scores, nxt, draft = scored.scores, scored.next, flight.block
         kept = accept_prefix(draft, [s.choice for s in scores])  # the cloud's greedy choice, or its coupled draw
         extra = scores[kept].choice if kept < len(draft) else nxt.token
+        self.session.checked(flight.at, kept, extra, scored)  # the rejected drafts are not context
         self.span_done("verified", 1, time.perf_counter() - flight.started)
         return draft[:kept], extra
 

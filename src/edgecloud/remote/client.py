@@ -434,10 +434,11 @@ class CloudBackend(Backend):
 
     def _scoring(self, tokens: list[int], start: int, top_n: int, as_ids: bool,
                  session: TokenSession | None = None, coupling: Coupling | None = None,
-                 grammar: HeldGrammar | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+                 grammar: HeldGrammar | None = None, keep: bool = False) -> tuple[dict[str, Any], dict[str, Any]]:
         """One scoring request (see :meth:`score`): the response's ``logprobs`` object (its arrays
         aligned with ``tokens`` plus the next token, ``None`` where a position was not sent), and
-        the whole response. In a ``session`` only the tokens the server does not hold are sent."""
+        the whole response. In a ``session`` only the tokens the server does not hold are sent;
+        ``keep``: it holds afterwards only what it verified (``session.keep_verified``)."""
         self._reader()  # raises when closed
         url = f"{self.base_url}/completions"
         if not self.capabilities.may("score"):
@@ -447,7 +448,7 @@ class CloudBackend(Backend):
                                 "echo": True, "logprobs": max(1, top_n), "return_tokens_as_token_ids": as_ids,
                                 "score_from": start}
         if session is not None:
-            body["session"] = {"id": session.id, "base": base}
+            body["session"] = {"id": session.id, "base": base, **({"keep_verified": True} if keep else {})}
         asked: list[Capability] = [n for n, on in (("coupling", coupling), ("grammar", grammar)) if on is not None]
         if coupling is not None:
             if not self.capabilities.may("coupling"):
@@ -464,7 +465,7 @@ class CloudBackend(Backend):
         except SessionExpiredError:
             assert session is not None
             session.lost()
-            return self._scoring(tokens, start, top_n, as_ids, session, coupling, grammar)
+            return self._scoring(tokens, start, top_n, as_ids, session, coupling, grammar, keep)
         except (InvalidRequestError, ModelNotFoundError, BackendError) as exc:
             if isinstance(exc, ContextOverflowError) or (isinstance(exc, BackendError) and not self._chats_but_fails(exc)):
                 raise
@@ -534,13 +535,18 @@ class CloudBackend(Backend):
         return scored.scores, scored.next
 
     def score_in(self, session: TokenSession | None, tokens: list[int], *, start: int, top_n: int = 1,
-                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None) -> Scored:
+                 coupling: Coupling | None = None, grammar: HeldGrammar | None = None,
+                 keep_verified: bool = False) -> Scored:
         """:meth:`score` in a token ``session``: only what the server does not hold is sent (the
         whole context when it holds nothing, or lost the session); with what the round cost.
         ``coupling``: the server picks each position's token with that sampler (its next token is
         its pick); ``grammar``: each pick is held to it. An endpoint that does neither raises
-        ExtensionUnsupportedError (``coupling``, ``grammar``)."""
-        logprobs, answer = self._scoring(tokens, start, top_n, True, session, coupling, grammar)
+        ExtensionUnsupportedError (``coupling``, ``grammar``). ``keep_verified``: the request is a
+        check of ``tokens[start:]``; a server that can (``edgecloud serve``) then holds only the
+        drafts it agrees with and its own token after them (``Scored.verified``), so that token is
+        not sent back; ``session.held`` says what it holds."""
+        logprobs, answer = self._scoring(tokens, start, top_n, True, session, coupling, grammar,
+                                         keep_verified and session is not None)
         raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
         picks = logprobs.get("picks") if coupling is not None or grammar is not None else None
 
@@ -558,8 +564,11 @@ class CloudBackend(Backend):
             scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0),
                                      top=top[:max(1, top_n)], pick=pick))
         usage = usage_counts(answer.get("usage") or {})
+        verified = answer.get("verified") if session is not None and session.supported else None
+        kept = ((int(verified["accepted"]), int(verified["token"]))
+                if isinstance(verified, dict) and {"accepted", "token"} <= verified.keys() else None)
         return Scored(scores[:-1], scores[-1], sent=usage["prompt_tokens"], cached=usage["cached_tokens"],
-                      held=int((answer.get("usage") or {}).get("context_tokens") or 0))
+                      held=int((answer.get("usage") or {}).get("context_tokens") or 0), verified=kept)
 
     def _probe(self, name: Capability) -> None:
         """Learn ``name`` with one cheap request (a few tokens in, one out); what a real request

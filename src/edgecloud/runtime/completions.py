@@ -23,7 +23,12 @@ prompt follows the first ``base`` tokens the server holds for that session
 ``score_from`` indexes the whole context (held + sent), the echoed ``logprobs`` cover only the
 positions this request sent (and the generated token), ``usage.prompt_tokens`` counts only the
 sent tokens, ``usage.context_tokens`` the held ones, and the response's ``session`` says what the
-server holds afterwards.
+server holds afterwards. With ``session.keep_verified`` (and ``max_tokens`` 1) the request is a
+check of drafted tokens: the server keeps only the drafts its own choices agree with, then its
+own token there (its correction at the first disagreement, or the token after a block it agreed
+with whole), and says so in ``verified: {"accepted", "token"}``. That token is what the request
+generated (``usage.completion_tokens`` 1), so, as in plain generation, it is never sent back nor
+billed again as input: the next check sends only its new drafts.
 """
 
 from __future__ import annotations
@@ -39,11 +44,13 @@ from .coupling import SCHEME, Coupling
 from .held import GRAMMAR_FIELDS, HeldGrammar
 from .sampling import sampling_params
 from .scoring import TokenScore
+from .speculative import accept_prefix
 from ..types import Envelope, FinishReason, RouteInfo, StreamOptions, Text, Usage, SEED_MIN, SEED_MAX, _Validated, check_bias, check_stop, check_text, now
 
 __all__ = [
     "SessionInfo",
     "SessionRef",
+    "VerifiedInfo",
     "Completion",
     "CompletionChoice",
     "CompletionChunk",
@@ -67,6 +74,16 @@ class SessionRef(_Validated):
 
     id: str = Field(pattern=_SESSION_ID)
     base: int = Field(default=0, ge=0)
+    #: Hold the drafts the server agrees with and its own token after them (see the module docstring).
+    keep_verified: bool = False
+
+
+class VerifiedInfo(BaseModel):
+    """What a ``keep_verified`` check kept (a response's ``verified``): the scored tokens the
+    server's own choices agree with, from ``score_from`` on, and its token after them."""
+
+    accepted: int
+    token: int
 
 
 class SessionInfo(BaseModel):
@@ -248,6 +265,8 @@ class Completion(Envelope):
     coupling: str | None = None
     #: edgecloud's extension: the picks were held to the request's grammar.
     grammar: bool | None = None
+    #: edgecloud's extension: what a ``keep_verified`` check kept in the session.
+    verified: VerifiedInfo | None = None
 
 
 #: Streamed pieces have the same shape as the whole answer (as OpenAI sends them).
@@ -297,6 +316,10 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     if (request.max_tokens or 0) > 1:
         raise InvalidRequestError("with echo, max_tokens may be 0 (score only) or 1 (and the greedy next token)",
                                   param="max_tokens")
+    keeps = request.session is not None and request.session.keep_verified
+    if keeps and not request.max_tokens:
+        raise InvalidRequestError("session.keep_verified holds the server's own token after the drafts it agrees "
+                                  "with: set max_tokens=1", param="max_tokens")
     coupling = sampling_params(request, 1, logit_bias=True).coupling() if request.coupling is not None else None
     grammar = HeldGrammar(request.grammar, request.grammar_from or 0) if request.grammar is not None else None
     if coupling is None and request.temperature not in (None, 0.0):
@@ -312,6 +335,10 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     picked = coupling is not None or grammar is not None
     scores, nxt = backend.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
     generated = [nxt] if request.max_tokens else []
+    verified = None
+    if keeps:
+        accepted = accept_prefix(tokens[start:], [s.choice for s in scores])
+        verified = VerifiedInfo(accepted=accepted, token=scores[accepted].choice if accepted < len(scores) else nxt.token)
     echoed = tokens + [g.token for g in generated]
     known: dict[int, bytes] = {}  # each distinct token's bytes, asked of the runtime once
 
@@ -347,4 +374,5 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
                     context_tokens=held if context is not None else None),
         coupling=request.coupling,
         grammar=True if grammar is not None else None,
+        verified=verified,
     )

@@ -117,6 +117,14 @@ class TokenSession:
         were drafts it rejected); the next round continues after them."""
         self.held = min(self.held, n)
 
+    def checked(self, at: int, kept: int, token: int, scored: Scored) -> None:
+        """A check of drafts after the first ``at`` tokens landed: the client keeps ``kept`` of them
+        and the server's ``token`` after them. A server that kept the same itself holds that token
+        too (it is not sent again); otherwise the session holds the kept drafts at most."""
+        agreed = scored.verified == (kept, token)
+        server_kept = scored.verified[0] if scored.verified is not None else kept
+        self.keep(at + kept + 1 if agreed else at + min(kept, server_kept))
+
     def lost(self) -> None:
         """The server no longer holds the session: the next round is sent whole."""
         self.held = 0
@@ -127,10 +135,13 @@ class TokenSession:
 class Scored:
     """A scoring round: the scores of the scored positions, the greedy next token, and its cost
     (``sent``: prompt tokens the request carried and was billed for, ``cached`` of them read from
-    the server's prefix cache; ``held``: context the session held, not sent)."""
+    the server's prefix cache; ``held``: context the session held, not sent; ``verified``: what a
+    ``keep_verified`` check's server kept in the session, ``(drafts it agreed with, its token)``,
+    None where it keeps the whole context)."""
 
     scores: list[TokenScore]
     next: TokenScore
     sent: int
     cached: int = 0
     held: int = 0
+    verified: tuple[int, int] | None = None
