@@ -202,6 +202,21 @@ def test_a_check_that_keeps_what_it_verified_holds_its_own_token_and_nothing_is_
     assert plain["session"]["tokens"] == len(ids) + 1 and plain.get("verified") is None
 
 
+def test_a_scored_prompt_read_from_the_prefix_cache_is_reported_cached(scoring_server: tuple[str, Any]) -> None:
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    _post(url, {"prompt": ids, "score_from": len(ids)})  # a slot holds the text now
+    other = [t for t in backend.tokenize_text(" and then something else entirely") if t != ids[6]]
+    shared = _post(url, {"prompt": ids[:6] + other, "score_from": 6 + len(other)}).json()
+    assert shared["usage"]["prompt_tokens"] == 6 + len(other)
+    assert shared["usage"]["prompt_tokens_details"]["cached_tokens"] == 6  # the six it shares, not computed again
+    # in a session only the sent tokens count: the held context is neither billed nor "cached"
+    _post(url, {"prompt": ids[:-2], "session": {"id": "cache-1"}, "score_from": len(ids) - 2})
+    later = _post(url, {"prompt": ids[-2:], "session": {"id": "cache-1", "base": len(ids) - 2},
+                        "score_from": len(ids) - 2}).json()
+    assert later["usage"]["prompt_tokens"] == 2 and later["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
+
+
 def test_a_session_the_server_does_not_hold_is_a_409_and_the_client_resends(scoring_server: tuple[str, Any]) -> None:
     from edgecloud.remote.client import CloudBackend
     from edgecloud.runtime.scoring import TokenSession

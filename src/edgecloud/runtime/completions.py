@@ -14,8 +14,9 @@ what a verifier needs to check a draft in one forward pass (the verified collabo
 ``return_tokens_as_token_ids`` (vLLM's extension) names tokens ``"token_id:<id>"``;
 ``score_from`` (edgecloud's extension) scores only prompt positions from that index on (the
 others are ``null``, as the first one always is), so a server with a prefix cache recomputes
-only what is new. Served by backends implementing :class:`ScoringBackend` (the llama.cpp
-runtime); vLLM answers the same request without ``score_from`` (it scores every position).
+only what is new (``usage.prompt_tokens_details.cached_tokens`` counts the prompt tokens it read
+from a slot's KV, as for chat answers). Served by backends implementing :class:`ScoringBackend`
+(the llama.cpp runtime); vLLM answers the same request without ``score_from`` (it scores every position).
 
 **Sessions** (edgecloud's extension, token-id prompts only): ``session: {"id", "base"}`` says the
 prompt follows the first ``base`` tokens the server holds for that session
@@ -57,6 +58,7 @@ __all__ = [
     "CompletionRequest",
     "CompletionLogprobs",
     "CompletionsBackend",
+    "CachedScoringBackend",
     "ScoringBackend",
     "new_text_completion_id",
     "scored_completion",
@@ -305,6 +307,16 @@ class ScoringBackend(Protocol):
         ...
 
 
+@runtime_checkable
+class CachedScoringBackend(ScoringBackend, Protocol):
+    """A scoring backend with a prefix cache, that says how much of a scored prompt it read from it."""
+
+    def score_cached(self, tokens: list[int], *, start: int, top_n: int = 1, coupling: Coupling | None = None,
+                     grammar: HeldGrammar | None = None) -> tuple[list[TokenScore], TokenScore, int]:
+        """:meth:`score`, and how many leading ``tokens`` were read from the cache (not computed)."""
+        ...
+
+
 def scored_completion(backend: ScoringBackend, request: CompletionRequest, model: str,
                       context: list[int] | None = None, held: int = 0) -> Completion:
     """The answer to a scoring request (``echo`` + ``logprobs``; see the module docstring).
@@ -333,7 +345,10 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         raise InvalidRequestError(f"score_from={start} is past the prompt's {len(tokens)} tokens", param="score_from")
     top_n, as_ids = request.logprobs or 0, request.return_tokens_as_token_ids
     picked = coupling is not None or grammar is not None
-    scores, nxt = backend.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
+    if isinstance(backend, CachedScoringBackend):
+        scores, nxt, reused = backend.score_cached(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
+    else:
+        (scores, nxt), reused = backend.score(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar), 0
     generated = [nxt] if request.max_tokens else []
     verified = None
     if keeps:
@@ -371,6 +386,7 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
         choices=[CompletionChoice(text=b"".join(pieces).decode("utf-8", errors="replace"), logprobs=logprobs,
                                   finish_reason="length")],
         usage=Usage(prompt_tokens=n_in, completion_tokens=n_out, total_tokens=n_in + n_out,
+                    cached_tokens=min(n_in, max(0, reused - held)),  # of the sent tokens (the held ones are context)
                     context_tokens=held if context is not None else None),
         coupling=request.coupling,
         grammar=True if grammar is not None else None,

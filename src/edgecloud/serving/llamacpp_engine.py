@@ -196,6 +196,13 @@ class LlamaCppEngineBackend(BatchedEngineBackend):
         """How this model scores ``tokens[start:]`` given what precedes each, and its next token
         (greedy, or the pick: ``coupling``'s draw, held to ``grammar``; with the picks at every
         position): one pass over the positions the chosen slot does not hold (a verifier's k + 1)."""
+        scores, nxt, _ = self.score_cached(tokens, start=start, top_n=top_n, coupling=coupling, grammar=grammar)
+        return scores, nxt
+
+    def score_cached(self, tokens: list[int], *, start: int, top_n: int = 1, coupling: Coupling | None = None,
+                     grammar: HeldGrammar | None = None) -> tuple[list[TokenScore], TokenScore, int]:
+        """:meth:`score`, and how many leading ``tokens`` were read from a slot's KV (its prefix
+        cache), not computed."""
         if not 1 <= start <= len(tokens):
             raise ConfigError(f"start must be in 1..{len(tokens)}, got {start}")
         scheduler = self.scheduler

@@ -148,10 +148,11 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
         return future.result(timeout)
 
     def score(self, tokens: list[int], start: int, top_n: int, coupling: Coupling | None = None,
-              held: HeldPicker | None = None) -> tuple[list[TokenScore], TokenScore]:
+              held: HeldPicker | None = None) -> tuple[list[TokenScore], TokenScore, int]:
         """Scores of ``tokens[start:]`` (each given what precedes it) and the next token (greedy, or
         the pick: ``coupling``'s draw, held to ``held``'s grammar; with the picks at every
-        position), in one pass over the positions the chosen slot does not hold yet."""
+        position), in one pass over the positions the chosen slot does not hold yet; and how many
+        leading tokens the slot held (read from its KV, not computed)."""
         return self.call(lambda slot: self._score(slot, tokens, start, top_n, coupling, held), tokens[:start])
 
     def _has_work(self) -> bool:
@@ -173,7 +174,7 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
                 future.set_exception(exc)
 
     def _score(self, slot: _Slot, tokens: list[int], start: int, top_n: int, coupling: Coupling | None,
-               held: HeldPicker | None) -> tuple[list[TokenScore], TokenScore]:
+               held: HeldPicker | None) -> tuple[list[TokenScore], TokenScore, int]:
         ctx = self.context
         reuse = self._reuse(slot, tokens[:start])
         # what the slot lacks of the context and the scored block in one batch (one forward pass
@@ -191,7 +192,7 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
             slot.tokens.extend(tokens[first:last])
             rows += [ctx.logits(row).copy() for row, p in enumerate(range(first, last)) if p >= start - 1]
         # rows[i] holds the logits after position start - 1 + i: they predict tokens[start + i]
-        return score_rows(rows, tokens, start, top_n, coupling, held)
+        return (*score_rows(rows, tokens, start, top_n, coupling, held), reuse)
 
     # ------------------------------------------------------------------ slots
 
