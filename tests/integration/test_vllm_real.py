@@ -180,6 +180,27 @@ def test_checks_read_vllms_prefix_cache_in_token_sessions(vllm_url: str) -> None
             assert abs(ours.logprob - theirs.logprob) < 0.1
 
 
+def test_a_check_that_keeps_what_it_verified_is_not_sent_the_clouds_token_back(vllm_url: str) -> None:
+    """``session.keep_verified``: the session holds the drafts vLLM agrees with and its own token
+    after them, so the next check sends its new drafts alone and scores them as before."""
+    from edgecloud.runtime.scoring import TokenSession
+    from edgecloud.runtime.speculative import accept_prefix
+
+    context = list(range(1000, 1000 + 300))
+    with CloudBackend(vllm_url, MODEL, api_key=KEY) as cloud:
+        session = TokenSession()
+        opened = cloud.score_in(session, context, start=len(context), keep_verified=True)  # the cloud's first token
+        first = opened.next.token
+        assert opened.verified == (0, first) and session.held == len(context) + 1
+        block = [first + 1, 6, 7]  # a draft it will not take
+        checked = cloud.score_in(session, context + [first] + block, start=len(context) + 1, keep_verified=True)
+        kept = accept_prefix(block, [s.choice for s in checked.scores])
+        assert checked.sent == len(block) and kept == 0
+        assert checked.verified == (0, checked.scores[0].choice) and session.held == len(context) + 2
+        whole = cloud.score_in(None, context + [first] + block, start=len(context) + 1)
+    assert [s.top[0][0] for s in checked.scores] == [s.top[0][0] for s in whole.scores]
+
+
 def test_a_bad_session_or_score_from_is_a_400_naming_it(vllm_url: str) -> None:
     check = {"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1, "echo": True, "logprobs": 1,
              "return_tokens_as_token_ids": True}

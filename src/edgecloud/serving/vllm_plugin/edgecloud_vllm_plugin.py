@@ -18,7 +18,10 @@ logprobs of its block only, so this plugin gives vLLM what ``edgecloud serve`` d
   once; the answer echoes what was sent, counts it as ``usage.prompt_tokens`` and the held part
   as ``usage.context_tokens``, and names what is held (``session: {"id", "tokens"}``). A session
   not held (expired, or fewer tokens than ``base``) is a 409 of type ``session_expired``: the
-  client sends its whole context again, and the answer is unchanged.
+  client sends its whole context again, and the answer is unchanged. With
+  ``session.keep_verified`` (a check by token id, ``score_from`` set) the session holds only the
+  drafts vLLM's greedy choices agree with and its own token after them, named in the answer's
+  ``verified: {"accepted", "token"}``, so the client does not send that token back.
 
 Other requests are untouched. ``edgecloud serve --engine vllm`` puts this folder on vLLM's
 ``PYTHONPATH``, and vLLM loads the plugin in each of its processes (``vllm.general_plugins``, the
@@ -199,9 +202,16 @@ def _patch_completion_serving(module: ModuleType) -> None:
         answer = await create(self, request, raw_request)
         if not hasattr(answer, "choices"):
             return answer  # an error, as vLLM answered it
+        held = context
         if ref is not None:
-            SESSIONS.hold(ref[0], context)
-        _shape(answer, context, base, echoed, ref[0] if ref is not None else None)
+            keep = isinstance(extra.get("session"), dict) and extra["session"].get("keep_verified") is True
+            verified = _verified(answer, context, start, echoed) if keep and as_ids and _is_int(start) else None
+            if verified is not None:
+                accepted, token = verified
+                held = context[:start + accepted] + [token]
+                answer.verified = {"accepted": accepted, "token": token}
+            SESSIONS.hold(ref[0], held)
+        _shape(answer, context, base, echoed, ref[0] if ref is not None else None, len(held))
         return answer
 
     respond = cls.request_output_to_completion_response
@@ -220,7 +230,39 @@ def _patch_completion_serving(module: ModuleType) -> None:
     cls.request_output_to_completion_response = request_output_to_completion_response
 
 
-def _shape(answer: Any, context: list[int], base: int, echoed: bool, session_id: str | None) -> None:
+def _token_id(name: Any) -> int:
+    if not isinstance(name, str) or not name.startswith("token_id:"):
+        raise ValueError(f"not a token named by id: {name!r}")
+    return int(name[len("token_id:"):])
+
+
+def _verified(answer: Any, context: list[int], start: int, echoed: bool) -> tuple[int, int] | None:
+    """A check's kept drafts and vLLM's token after them: the drafted ``context[start:]`` while
+    they equal its greedy choices (the best of each position's ``top_logprobs``), then its choice
+    at the first that does not, or its generated token after a block it agrees with whole. None
+    where the answer does not say (the session then holds the whole context)."""
+    logprobs = answer.choices[0].logprobs if answer.choices else None
+    if logprobs is None:
+        return None
+    try:
+        if echoed:
+            tops = logprobs.top_logprobs[start:len(context)]
+            choices = [_token_id(max(top, key=top.get)) for top in tops]
+            generated = _token_id(logprobs.tokens[len(context)])
+        else:
+            choices, generated = [], _token_id(logprobs.tokens[0])
+    except (ValueError, IndexError, TypeError, AttributeError):
+        return None
+    if len(choices) != len(context) - start:
+        return None
+    accepted = 0
+    while accepted < len(choices) and context[start + accepted] == choices[accepted]:
+        accepted += 1
+    return accepted, choices[accepted] if accepted < len(choices) else generated
+
+
+def _shape(answer: Any, context: list[int], base: int, echoed: bool, session_id: str | None,
+           held: int | None = None) -> None:
     """What was sent, echoed and counted (the held ``base`` tokens as context). An answer asked
     without ``echo`` (only one naming tokens by id is) gets the sent positions in front, unscored."""
     for choice in answer.choices:
@@ -246,7 +288,7 @@ def _shape(answer: Any, context: list[int], base: int, echoed: bool, session_id:
         usage.total_tokens -= base
         usage.context_tokens = base
     if session_id is not None:
-        answer.session = {"id": session_id, "tokens": len(context)}
+        answer.session = {"id": session_id, "tokens": len(context) if held is None else held}
 
 
 # -- loading -----------------------------------------------------------------------------------------
