@@ -62,14 +62,19 @@ MAX_PASSES = 0.2
 PRICE_IN, PRICE_OUT = 0.5, 1.5
 
 
-def _files(edge: str) -> tuple[Path, Path, str]:
+def _files(edge: str, machine: str = "") -> tuple[Path, Path, str]:
     """The traces, the calibration and the sweep's results for ``edge`` (the published 0.5B's
-    files carry no suffix; another edge's carry its name)."""
+    files carry no suffix; another edge's carry its name); ``machine``: the calibration and the
+    sweep of another machine (their names end in it)."""
     if edge == EDGE_MODEL:
-        return TRACES, CALIBRATION, "draft_stop"
-    tag = Path(edge).name.removesuffix(".gguf")
-    return (RESULTS / f"draft_stop_traces.{tag}.jsonl", RESULTS / f"draft_stop_calibration.{tag}.json",
-            f"draft_stop.{tag}")
+        traces, calibration, stem = TRACES, CALIBRATION, "draft_stop"
+    else:
+        tag = Path(edge).name.removesuffix(".gguf")
+        traces, calibration, stem = (RESULTS / f"draft_stop_traces.{tag}.jsonl",
+                                     RESULTS / f"draft_stop_calibration.{tag}.json", f"draft_stop.{tag}")
+    if machine:
+        calibration, stem = calibration.with_suffix(f".{machine}.json"), f"{stem}.{machine}"
+    return traces, calibration, stem
 
 
 def trace(args: argparse.Namespace) -> None:
@@ -142,7 +147,7 @@ def calibrate(args: argparse.Namespace) -> None:
         for at in range(200, 312, 8):
             drafted += len(edge.draft(prompt + answer[:at] + [answer[at] + 1], 8))
         out["draft_ms"] = round(1000 * (time.perf_counter() - started) / drafted, 2)
-    _files(args.edge)[1].write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    _files(args.edge, args.machine)[1].write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(out, indent=1))
 
 
@@ -199,7 +204,7 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
 def sweep(args: argparse.Namespace) -> None:
     from edgecloud.runtime.speculative import best_k
 
-    trace_file, calibration, stem = _files(args.edge)
+    trace_file, calibration, stem = _files(args.edge, args.machine)
     cal = json.loads(calibration.read_text())
     traces = [t for t in map(json.loads, trace_file.read_text().splitlines()) if len(t["cloud"]) > 1]
     families = sorted({t["family"] for t in traces})
@@ -251,6 +256,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--edge", default=EDGE_MODEL,
                         help="the drafting model (catalogue name or .gguf path); its files carry its name")
+    parser.add_argument("--machine", default="",
+                        help="another machine's calibration and sweep (a tag their file names end in)")
     sub = parser.add_subparsers(dest="phase", required=True)
     tr = sub.add_parser("trace")
     tr.add_argument("--per-family", type=int, default=8)

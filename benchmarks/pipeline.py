@@ -220,7 +220,7 @@ def live(args: argparse.Namespace) -> None:
     skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"  # not the corpus's
     skip_tag += f"_draft-{Path(draft).name.removesuffix('.gguf')}" if draft else ""
     name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
-            f"{sampled_tag}{skip_tag}.json")
+            f"{sampled_tag}{skip_tag}{f'_{args.tag}' if args.tag else ''}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 
@@ -283,6 +283,7 @@ def main() -> None:
                          "GGUF path, '' for the edge model itself); a run whose drafts come from another file than "
                          "the edge model's has its name in the file's")
     lv.add_argument("--policies", default="", help="a comma-separated subset (all-cloud among them)")
+    lv.add_argument("--tag", default="", help="appended to the results file's name (a run of a changed client)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")
     sub.add_parser("report")
