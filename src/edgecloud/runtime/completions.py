@@ -86,6 +86,13 @@ class VerifiedInfo(BaseModel):
 
     accepted: int
     token: int
+    #: Where the scored tokens start in the context (``score_from``): not part of the answer.
+    at: int = Field(default=0, exclude=True)
+
+    def held(self, context: list[int]) -> list[int]:
+        """What the session holds after the check of ``context``: the tokens before the drafts,
+        the drafts kept, then the server's own token."""
+        return context[:self.at + self.accepted] + [self.token]
 
 
 class SessionInfo(BaseModel):
@@ -353,7 +360,8 @@ def scored_completion(backend: ScoringBackend, request: CompletionRequest, model
     verified = None
     if keeps:
         accepted = accept_prefix(tokens[start:], [s.choice for s in scores])
-        verified = VerifiedInfo(accepted=accepted, token=scores[accepted].choice if accepted < len(scores) else nxt.token)
+        verified = VerifiedInfo(accepted=accepted, token=scores[accepted].choice if accepted < len(scores) else nxt.token,
+                                at=start)
     echoed = tokens + [g.token for g in generated]
     known: dict[int, bytes] = {}  # each distinct token's bytes, asked of the runtime once
 

@@ -341,8 +341,7 @@ def create_app(
                                   time.perf_counter() - started)
                 if ref is not None and context is not None:
                     if scored.verified is not None:  # the drafts it agrees with, then its own token
-                        kept = (body.score_from or 1) + scored.verified.accepted
-                        context = context[:kept] + [scored.verified.token]
+                        context = scored.verified.held(context)
                     sessions.hold(ref.id, context)
                     scored.session = SessionInfo(id=ref.id, tokens=len(context))
                 return Response(scored.model_dump_json(), media_type="application/json")
