@@ -207,9 +207,13 @@ def test_a_scored_prompt_read_from_the_prefix_cache_is_reported_cached(scoring_s
     ids = backend.tokenize_text(TEXT)
     _post(url, {"prompt": ids, "score_from": len(ids)})  # a slot holds the text now
     other = [t for t in backend.tokenize_text(" and then something else entirely") if t != ids[6]]
+    queries, hits = _metric(url, "prefix_cache_queries_total"), _metric(url, "prefix_cache_hits_total")
     shared = _post(url, {"prompt": ids[:6] + other, "score_from": 6 + len(other)}).json()
     assert shared["usage"]["prompt_tokens"] == 6 + len(other)
     assert shared["usage"]["prompt_tokens_details"]["cached_tokens"] == 6  # the six it shares, not computed again
+    # the server's prefix-cache counters say the same as the answer
+    assert _metric(url, "prefix_cache_queries_total") - queries == 6 + len(other)
+    assert _metric(url, "prefix_cache_hits_total") - hits == 6
     # in a session only the sent tokens count: the held context is neither billed nor "cached"
     _post(url, {"prompt": ids[:-2], "session": {"id": "cache-1"}, "score_from": len(ids) - 2})
     later = _post(url, {"prompt": ids[-2:], "session": {"id": "cache-1", "base": len(ids) - 2},

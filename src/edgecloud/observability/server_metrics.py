@@ -15,6 +15,7 @@ name                                       kind       meaning
 ``edgecloud:prompt_tokens_total``          counter    prompt tokens of admitted requests
 ``edgecloud:generation_tokens_total``      counter    tokens generated
 ``edgecloud:prefix_cache_queries_total``   counter    prompt tokens looked up in the prefix cache
+                                                      (generation and scoring requests alike)
 ``edgecloud:prefix_cache_hits_total``      counter    of those, tokens whose KV was reused
 ``edgecloud:request_success_total``        counter    finished requests, by ``finished_reason``
 ``edgecloud:forward_passes_total``         counter    forward passes of the model (decode steps,
@@ -160,10 +161,14 @@ class ServerMetrics:
         """The engine ran ``passes`` forward passes (one decode step of a batch counts once)."""
         self.forward_passes.labels(self.model_name).inc(passes)
 
-    def on_scored(self, prompt_tokens: int, context_tokens: int, generated: int, seconds: float) -> None:
-        """A scoring request (``echo`` + ``logprobs``) was answered: ``prompt_tokens`` sent,
-        ``context_tokens`` held by its session, ``generated`` greedy next tokens (0 or 1)."""
+    def on_scored(self, prompt_tokens: int, context_tokens: int, generated: int, seconds: float,
+                  cached_tokens: int = 0) -> None:
+        """A scoring request (``echo`` + ``logprobs``) was answered: ``prompt_tokens`` sent (looked up
+        in the prefix cache; ``cached_tokens`` of them read from it), ``context_tokens`` held by its
+        session (neither sent nor looked up), ``generated`` greedy next tokens (0 or 1)."""
         self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+        self.prefix_queries.labels(self.model_name).inc(prompt_tokens)
+        self.prefix_hits.labels(self.model_name).inc(cached_tokens)
         self.session_context.labels(self.model_name).inc(context_tokens)
         self.generation_tokens.labels(self.model_name).inc(generated)
         self.on_finished("length", seconds)

@@ -338,7 +338,7 @@ def create_app(
                 usage = scored.usage
                 assert usage is not None
                 metrics.on_scored(usage.prompt_tokens, usage.context_tokens or 0, usage.completion_tokens,
-                                  time.perf_counter() - started)
+                                  time.perf_counter() - started, usage.cached_tokens)
                 if ref is not None and context is not None:
                     if scored.verified is not None:  # the drafts it agrees with, then its own token
                         context = scored.verified.held(context)
