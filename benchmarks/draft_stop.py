@@ -134,7 +134,7 @@ def calibrate(args: argparse.Namespace) -> None:
             steps.append((stamps[-1] - stamps[0]) / (len(stamps) - 1))
         out["cloud_decode_ms"] = _median_ms(steps)
         cloud = CloudBackend(f"http://127.0.0.1:{port}/v1", model=CLOUD_MODEL)
-        out["check_ms_by_k"] = _check_ms(cloud, range(16), args.reps)
+        out["check_ms_by_k"] = _check_ms(cloud, range(args.k_max + 1), args.reps)
         cloud.close()
     finally:
         server.terminate()
@@ -162,6 +162,17 @@ def _line(trace: dict[str, Any], start: int) -> Iterator[tuple[float, bool]]:
             return
 
 
+def _padded(trace: dict[str, Any], start: int) -> Iterator[tuple[float, bool]]:
+    """:func:`_line`, and past the traced line after a wrong pick (``LINE`` tokens) the edge taken
+    to stay sure and wrong: the most a block longer than the trace could cost."""
+    kept = True
+    for p, kept in _line(trace, start):
+        yield p, kept
+    while not kept:
+        yield 1.0, False
+
+
+
 def replay(trace: dict[str, Any], floor: float, cap: Callable[[float, float], int], cal: dict[str, Any],
            rtt_ms: float, start_ms: float = 0.0) -> dict[str, float]:
     """Strict rounds over one answer: its time against all-cloud's, checks, and the bill against
@@ -169,19 +180,19 @@ def replay(trace: dict[str, Any], floor: float, cap: Callable[[float, float], in
     from edgecloud.runtime.speculative import Acceptance
 
     check = {int(k): v for k, v in cal["check_ms_by_k"].items()}
-    draft_ms, n = cal["draft_ms"], len(trace["cloud"])
+    draft_ms, n, largest = cal["draft_ms"], len(trace["cloud"]), max(check)
     ends = set(trace["ends"])
     written, ms, checks, sent = 1, 0.0, 1, 0  # the prompt's check wrote the cloud's first token
     acceptance, round_ms = Acceptance(0.7), 100.0
     while written < n:
         k_max = min(cap(acceptance.rate, round_ms), n - written)
         block: list[bool] = []
-        for p, kept in _line(trace, written):
+        for p, kept in _padded(trace, written):
             block.append(kept)
             if len(block) >= k_max or p < floor or (kept and written + len(block) - 1 in ends):
                 break
         accepted = next((i for i, kept in enumerate(block) if not kept), len(block))
-        cost = check[min(len(block), 15)] + rtt_ms
+        cost = check[min(len(block), largest)] + rtt_ms
         ms += draft_ms * len(block) + cost + start_ms
         checks, sent = checks + 1, sent + len(block)
         acceptance.observe(len(block), accepted)
@@ -212,7 +223,10 @@ def sweep(args: argparse.Namespace) -> None:
     def adaptive(rate: float, round_ms: float) -> int:  # the previous rule: the k the measured costs favour
         return best_k(rate, 15, fixed=round_ms, per_token=cal["draft_ms"])[0]
 
-    caps: dict[str, Callable[[float, float], int]] = {"adaptive k": adaptive, "k 15": lambda rate, round_ms: 15}
+    caps: dict[str, Callable[[float, float], int]] = {"adaptive k": adaptive}
+    measured = max(int(k) for k in cal["check_ms_by_k"])  # blocks up to 15, and longer where checks were timed
+    for k_max in sorted({15, *(k for k in (23, 31, 47, 63) if k <= measured)}):
+        caps[f"k {k_max}"] = (lambda k: lambda rate, round_ms: k)(k_max)
     out: dict[str, Any] = {"tasks": len(traces), "max_passes": MAX_PASSES, "start_ms": args.start_ms, "families": {f: sum(t["family"] == f for t in traces) for f in families},
                            "calibration": cal, "by_rtt": {}}
     for rtt in args.rtt:
@@ -266,6 +280,8 @@ def main() -> None:
     ca = sub.add_parser("calibrate")
     ca.add_argument("--threads", type=int, default=2, help="threads of each side (the shared 2-core box: 2)")
     ca.add_argument("--reps", type=int, default=5)
+    ca.add_argument("--k-max", type=int, default=31,
+                    help="time checks of up to this many drafted tokens (sweep replays blocks up to it)")
     ca.set_defaults(run=calibrate)
     sw = sub.add_parser("sweep")
     sw.add_argument("--rtt", type=float, nargs="+", default=[0.0, 50.0], help="round trips to replay, ms")

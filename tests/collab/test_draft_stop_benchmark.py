@@ -5,6 +5,7 @@ task family for the shipped edge model (its traces, its costs)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from types import ModuleType
 from typing import Any
@@ -58,6 +59,13 @@ def test_a_block_ends_where_the_edge_is_unsure_and_the_answer_is_the_clouds(benc
     on_path = [kept for _, kept in bench._line(trace, 0)]
     first_wrong = on_path.index(False)
     assert all(on_path[:first_wrong]) and trace["edge"][first_wrong] != trace["cloud"][first_wrong]
+    # a block longer than the traced line after a wrong pick is counted drafted and rejected to its end;
+    # a line that reaches the answer's end stays as long as the answer
+    past = list(itertools.islice(bench._padded(trace, first_wrong), bench.LINE + 10))
+    assert len(past) == bench.LINE + 10 and not any(kept for _, kept in past)
+    clean = max(traces, key=lambda t: len(t["cloud"]) if t["edge"][-1] == t["cloud"][-1] else 0)
+    last = max(j for j, (e, c) in enumerate(zip(clean["edge"], clean["cloud"])) if e != c) + 1 if clean["lines"] else 0
+    assert len(list(bench._padded(clean, last))) == len(clean["cloud"]) - last
 
 
 def test_the_shipped_floor_is_the_one_chosen_held_out_by_family(bench) -> None:  # type: ignore[no-untyped-def]
