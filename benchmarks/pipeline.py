@@ -6,6 +6,7 @@ Phases:
     python benchmarks/pipeline.py live --split --rtt 0.05    # one core each, as on two machines
     python benchmarks/pipeline.py live --rtt 0.05            # the shared 2-core box
     python benchmarks/pipeline.py live --split --engine vllm # the cloud: vLLM launched by edgecloud serve
+    python benchmarks/pipeline.py ttft --per-family 12       # the first token alone, many tasks
     python benchmarks/pipeline.py report                     # the runs so far -> table + PNG
 
 ``breakdown`` times the parts of one verification round on this machine: the server's forward
@@ -24,6 +25,11 @@ end to end p50 and its ratio to all-cloud and to the slower side alone, tokens/s
 answer, the server's own forward passes (its /metrics counter, read past the proxy) against
 all-cloud's, the client's pass count, billed cost, and quality (graded as the corpus is). Verified
 mode fits nothing on the corpus, so its in-suite and held-out figures are the same.
+
+``ttft`` measures the first token alone, on more tasks than whole answers allow: each task's first
+``--tokens`` tokens through the public client, all-cloud and the defaults in alternating order (each
+first as often), each request with its own tag; the per-task ratio's p50 with a bootstrap 90 %
+interval, and by family.
 """
 
 from __future__ import annotations
@@ -225,6 +231,56 @@ def live(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=1))
 
 
+def ttft(args: argparse.Namespace) -> None:
+    import random
+
+    from edgecloud import EdgeCloud
+    from edgecloud.store import resolve_model
+    from edgecloud.testing import LatencyProxy
+
+    sample = _sample(_rows(OUTCOMES), args.per_family, args.skip)
+    server, port = _start_server(str(resolve_model(CLOUD_MODEL)), args.split)
+    rows: list[dict[str, Any]] = []
+    try:
+        with LatencyProxy(("127.0.0.1", port), rtt_s=args.rtt) as net, \
+                EdgeCloud(cloud_base_url=f"{net.url}/v1", cloud_model=CLOUD_MODEL,
+                          config={"fallback": {"timeout_s": 300}}) as client:
+            _answer(client, {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 8})  # warm
+            for i, row in enumerate(sample):
+                short = {**row, "max_tokens": args.tokens}
+                got: dict[str, Any] = {}
+                for name in (("all-cloud", "default") if i % 2 else ("default", "all-cloud")):
+                    got[name] = _answer(client, short, tag=f"t{i}-{name}", **PINS["all-cloud" if name == "all-cloud"
+                                                                                  else "pipelined"])
+                rows.append({"id": row["id"], "family": row["suite"],
+                             **{f"{n}_ttft": g.get("ttft") for n, g in got.items()},
+                             "collab": got["default"].get("collab"),
+                             "raised": [f"{n}: {g['raised']}" for n, g in got.items() if "raised" in g]})
+                print(f"{i + 1}/{len(sample)} {row['id']}", file=sys.stderr)
+    finally:
+        server.terminate()
+        server.wait(30)
+    paired = [r for r in rows if r["all-cloud_ttft"] and r["default_ttft"]]
+    ratios = [r["default_ttft"] / r["all-cloud_ttft"] for r in paired]
+    rng = random.Random(0)
+    boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
+    summary = {
+        "tasks": len(rows), "paired": len(paired), "raised": sum(bool(r["raised"]) for r in rows),
+        "ttft_vs_all_cloud_p50": round(statistics.median(ratios), 3),
+        "ttft_vs_all_cloud_p50_interval_90": [round(boot[100], 3), round(boot[1899], 3)],
+        "ttft_p50": {n: round(statistics.median(r[f"{n}_ttft"] for r in paired), 3) for n in ("all-cloud", "default")},
+        "ttft_p50_ratio_of_p50s": round(statistics.median(r["default_ttft"] for r in paired)
+                                        / statistics.median(r["all-cloud_ttft"] for r in paired), 3),
+        "by_family": {f: round(statistics.median(x for x, r in zip(ratios, paired) if r["family"] == f), 3)
+                      for f in sorted({r["family"] for r in paired})},
+        "modes": sorted({str(r["collab"]) for r in rows})}
+    out = {"rtt_s": args.rtt, "split_cores": args.split, "tokens": args.tokens, "per_family": args.per_family,
+           "skip": args.skip, "cloud": CLOUD_MODEL, "summary": summary, "rows": rows}
+    name = f"pipeline_ttft_{'split' if args.split else 'shared'}_rtt{int(round(args.rtt * 1000))}_skip{args.skip}.json"
+    (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(summary, indent=1))
+
+
 def report(args: argparse.Namespace) -> None:
     runs = sorted(RESULTS.glob("pipeline_live_*.json"))
     table = []
@@ -286,9 +342,15 @@ def main() -> None:
     lv.add_argument("--tag", default="", help="appended to the results file's name (a run of a changed client)")
     lv.add_argument("--temperature", type=float, default=0.0,
                     help="sample at this temperature (each task one seed, the same for every policy)")
+    tt = sub.add_parser("ttft")
+    tt.add_argument("--per-family", type=int, default=12)
+    tt.add_argument("--skip", type=int, default=0, help="tasks of each family to skip (another sample)")
+    tt.add_argument("--rtt", type=float, default=0.0, help="round trip to the cloud, seconds (LatencyProxy)")
+    tt.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
+    tt.add_argument("--tokens", type=int, default=4, help="tokens asked of each answer (max_tokens)")
     sub.add_parser("report")
     args = parser.parse_args()
-    {"breakdown": breakdown, "live": live, "report": report}[args.phase](args)
+    {"breakdown": breakdown, "live": live, "ttft": ttft, "report": report}[args.phase](args)
 
 
 if __name__ == "__main__":
