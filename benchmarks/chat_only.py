@@ -502,7 +502,9 @@ def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict
     (``agree&SIGNAL>=``, ``agree&SIGNAL<=``), or where either holds (``agree|SIGNAL>=``); thresholds
     chosen leave-one-family-out, the lowest mean bill on the other seven families that keeps
     ``TARGET`` of all-cloud quality. Many candidates on one corpus: a lone one that lands on the
-    bar held out is luck until it holds on tasks it was not picked on."""
+    bar held out is luck until it holds on tasks it was not picked on, so ``lead-16:nested@TARGET``
+    also chooses the rule itself (agreement alone among them) with its thresholds on the other
+    seven families: the held-out figure of choosing a rule on data."""
     from edgecloud.router.probe import FEATURES
 
     heads = {r["id"]: r for r in _rows(CORPUS / "head-16.edge.jsonl")}
@@ -515,9 +517,8 @@ def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict
         "cloud_min_margin": lambda r: min(cloud[r["id"]]["margins"] or [99.0])}
     for j, name in enumerate(FEATURES):
         signals[f"probe_{name}"] = (lambda j: (lambda r: _features(r, 16, False)[j]))(j)
-
-    def agree(r: dict[str, Any]) -> float:
-        return sum(edge[r["id"]]) / max(1, len(edge[r["id"]]))
+    value = {name: {r["id"]: signal(r) for r in rows} for name, signal in signals.items()}
+    agree = {r["id"]: sum(edge[r["id"]]) / max(1, len(edge[r["id"]])) for r in rows}
 
     def outcome(r: dict[str, Any], take: bool) -> tuple[bool, float]:
         h = heads[r["id"]]
@@ -525,24 +526,37 @@ def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict
             return bool(h["pass"]), _billed(r, 16)
         return bool(r["cloud_pass"]), 1.0
 
-    out: dict[str, Any] = {}
     agreements = [k / 16 for k in range(10, 17)]
-    for name, signal in signals.items():
-        values = sorted(signal(r) for r in rows)
-        cuts = [values[i * (len(values) - 1) // 20] for i in range(21)]  # the signal's 5 % quantiles
+    # every rule: its grid of (agreement, signal cut) settings and whether the edge takes over
+    rules: dict[str, tuple[list[Any], Callable[[dict[str, Any], Any], bool]]] = {
+        "lead-16:agree>=": ([(a, None) for a in agreements], lambda r, g: agree[r["id"]] >= g[0])}
+    for name in signals:
+        v = value[name]
+        ordered = sorted(v.values())
+        cuts = [ordered[i * (len(ordered) - 1) // 20] for i in range(21)]  # the signal's 5 % quantiles
         both = [(a, c) for a in agreements for c in cuts]
-        rules = {
-            f"lead-16:{name}>=": ([(None, c) for c in cuts], lambda r, g: signal(r) >= g[1]),
-            f"lead-16:agree&{name}>=": (both, lambda r, g: agree(r) >= g[0] and signal(r) >= g[1]),
-            f"lead-16:agree&{name}<=": (both, lambda r, g: agree(r) >= g[0] and signal(r) <= g[1]),
-            f"lead-16:agree|{name}>=": (both, lambda r, g: agree(r) >= g[0] or signal(r) >= g[1]),
-        }
+        rules.update({
+            f"lead-16:{name}>=": ([(None, c) for c in cuts], lambda r, g, v=v: v[r["id"]] >= g[1]),
+            f"lead-16:agree&{name}>=": (both, lambda r, g, v=v: agree[r["id"]] >= g[0] and v[r["id"]] >= g[1]),
+            f"lead-16:agree&{name}<=": (both, lambda r, g, v=v: agree[r["id"]] >= g[0] and v[r["id"]] <= g[1]),
+            f"lead-16:agree|{name}>=": (both, lambda r, g, v=v: agree[r["id"]] >= g[0] or v[r["id"]] >= g[1]),
+        })
+    out: dict[str, Any] = {}
+    for target in ROLLING_TARGETS[:2]:
         for key, (grid, rule) in rules.items():
-            for target in ROLLING_TARGETS[:2]:
-                chosen = _chosen_held_out(rows, families, grid, lambda r, g: outcome(r, rule(r, g)), target)
-                res = [outcome(r, chosen[r["suite"]] is not None and rule(r, chosen[r["suite"]])) for r in rows]
-                out[f"{key}@{target}"] = {
-                    "held_out": _summary(rows, [True] * len(rows), [p for p, _ in res], [b for _, b in res])}
+            if key == "lead-16:agree>=":
+                continue  # the shipped rule: lead-16:agree@TARGET
+            chosen = _chosen_held_out(rows, families, grid, lambda r, g: outcome(r, rule(r, g)), target)
+            res = [outcome(r, chosen[r["suite"]] is not None and rule(r, chosen[r["suite"]])) for r in rows]
+            out[f"{key}@{target}"] = {
+                "held_out": _summary(rows, [True] * len(rows), [p for p, _ in res], [b for _, b in res])}
+        flat = [(key, g) for key, (grid, _) in rules.items() for g in grid]
+        picked = _chosen_held_out(rows, families, flat, lambda r, kg: outcome(r, rules[kg[0]][1](r, kg[1])), target)
+        res = [outcome(r, picked[r["suite"]] is not None and rules[picked[r["suite"]][0]][1](r, picked[r["suite"]][1]))
+               for r in rows]
+        out[f"lead-16:nested@{target}"] = {
+            "held_out": _summary(rows, [True] * len(rows), [p for p, _ in res], [b for _, b in res]),
+            "rules_chosen": sorted({kg[0] for kg in picked.values() if kg is not None})}
     return out
 
 

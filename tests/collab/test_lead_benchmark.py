@@ -40,6 +40,10 @@ def test_later_chances_and_second_signals_are_scored_held_out(
     assert set(three["per_family_held_out"]) == families
     for signal in ("cloud_min_margin", "probe_mean_margin"):
         assert f"lead-16:agree&{signal}>=@0.9" in lead
+    # choosing the rule itself held out: each family's pick is one of the rules scored above
+    nested = lead["lead-16:nested@0.9"]
+    assert nested["rules_chosen"] and all(f"{rule}@0.9" in lead or rule == "lead-16:agree>="
+                                          for rule in nested["rules_chosen"])
     for entry in lead.values():
         held = entry["held_out"]
         assert held["tasks"] == len(rows) and 0 <= held["billed_vs_all_cloud_p50"] <= 1.0
