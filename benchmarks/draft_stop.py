@@ -172,7 +172,6 @@ def _padded(trace: dict[str, Any], start: int) -> Iterator[tuple[float, bool]]:
         yield 1.0, False
 
 
-
 def replay(trace: dict[str, Any], floor: float, cap: Callable[[float, float], int], cal: dict[str, Any],
            rtt_ms: float, start_ms: float = 0.0) -> dict[str, float]:
     """Strict rounds over one answer: its time against all-cloud's, checks, and the bill against
