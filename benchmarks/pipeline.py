@@ -57,6 +57,7 @@ PINS: dict[str, dict[str, Any]] = {
     "all-edge": {"route": "edge", "collab": "off"},
     "strict": {"collab": {"mode": "verified", "pipeline": False}},
     "pipelined": {},  # the defaults: collab=auto runs verified mode, pipelined
+    "two-in-flight": {"collab": {"checks_in_flight": 2}},  # pipelined, the next check sent ahead on a sure bet
     "no-floor": {"collab": {"draft_confidence": 0}},  # the defaults before blocks ended where the edge is unsure
     "token": {"collab": "token"},
     "verified": {},

@@ -140,7 +140,7 @@ class FallbackEvent(BaseModel):
 NoteCode = Literal[
     "privacy", "pii", "pinned", "unavailable", "context", "score", "cascade", "only_side",
     "structured_one_side", "tools_one_side", "edge_starts", "collab_mode", "pii_no_verify", "cascade_accepted",
-    "verified_rounds", "policy", "budget", "session", "probe", "sampling",
+    "verified_rounds", "checks_ahead", "policy", "budget", "session", "probe", "sampling",
 ]
 
 

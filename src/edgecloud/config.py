@@ -263,6 +263,15 @@ class CollabSettings(_Section):
                           "to some of the CPUs): two llama.cpp processes computing at once on the same cores slow "
                           "each other far more than twofold, so there the sides take turns.",
     )
+    checks_in_flight: int = Field(
+        1, ge=1, le=2,
+        description="Verified mode, the edge drafting while checks are computed: how many checks may be out at "
+                    "once. 1: the next check goes when the last one's answer lands. 2: while a check is out, the "
+                    "edge's line past it goes to the cloud too where the edge is sure enough the first will be kept "
+                    "whole (the server checks one answer's requests in arrival order); a lost bet is dropped, the "
+                    "text is the same. On a CPU cloud it did not pay (benchmarks/pipeline.py: the server is busy "
+                    "between checks anyway, and lost bets cost it work).",
+    )
     cloud_first_token: bool = Field(
         True, description="Verified mode with pipeline: the first check carries the prompt alone and goes out at "
                           "once, so the cloud's prefill runs while the edge drafts and the first token shown is the "

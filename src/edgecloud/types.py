@@ -343,6 +343,8 @@ class CollabOptions(_Validated):
     pipeline: bool | None = None
     #: Verified mode, pipelined: the edge drafts while a check is computed (unset: unless the cloud shares the CPUs).
     overlap: bool | None = None
+    #: Verified mode, the edge drafting while checks are computed: checks out at once (2: the line past a check too).
+    checks_in_flight: int | None = Field(default=None, ge=1, le=2)
 
 
 class ChatRequest(_Validated):

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from edgecloud.collab.verified import _Line, _RoundCost, shares_cpu
+from edgecloud.collab.rounds import DraftLine, RoundCost, shares_cpu
 
 
 def test_the_cost_fit_finds_the_line_of_the_checks_it_saw() -> None:
-    cost = _RoundCost()
+    cost = RoundCost()
     for _ in range(30):
         for tokens in (2, 5, 9, 16):
             cost.observe(tokens, 0.05 + 0.02 * tokens)
@@ -25,7 +25,7 @@ def test_the_cost_fit_finds_the_line_of_the_checks_it_saw() -> None:
 
 
 def test_the_block_grows_with_acceptance() -> None:
-    cost = _RoundCost()
+    cost = RoundCost()
     for _ in range(20):
         for tokens in (2, 8, 16):
             cost.observe(tokens, 0.1 + 0.005 * tokens)
@@ -41,7 +41,7 @@ def test_a_remote_cloud_never_shares_the_cpus() -> None:
 
 @pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
 def test_a_loopback_cloud_shares_them_unless_this_process_is_pinned() -> None:
-    code = ("import json; from edgecloud.collab.verified import shares_cpu; "
+    code = ("import json; from edgecloud.collab.rounds import shares_cpu; "
             "print(json.dumps([shares_cpu('http://127.0.0.1:8000/v1'), shares_cpu('http://localhost:8000/v1')]))")
     free = json.loads(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout)
     assert free == [True, True]
@@ -59,7 +59,7 @@ def test_the_line_goes_on_where_it_holds_what_was_written(smollm2_path: Path) ->
     with LlamaCppBackend(str(smollm2_path), n_ctx=512) as edge:
         prompt = edge.tokenize_chat([{"role": "user", "content": "Count from one to ten."}])
         whole = edge.draft(prompt, 12)
-        line = _Line(edge, prompt)
+        line = DraftLine(edge, prompt)
         line.extend(6)
         assert line.tokens == whole[:6]
         assert line.advance(whole[:3])  # written as drafted: the line goes on

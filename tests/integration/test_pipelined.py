@@ -79,6 +79,36 @@ def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: B
             assert final.cost.cloud_passes == final.route.cloud_calls
 
 
+@pytest.mark.parametrize("wrong", [False, True], ids=["bets-hold", "bets-lost"])
+def test_checks_sent_ahead_of_the_one_out_keep_the_clouds_answer_token_for_token(
+        edge: Backend, cloud: str, wrong: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    from urllib.parse import urlsplit
+
+    from edgecloud.collab import verified
+    from edgecloud.testing import LatencyProxy
+
+    monkeypatch.setattr(verified, "BET_ODDS", 0.0)  # every bet is taken, however unsure the small edge is
+    held = 0
+    port = urlsplit(cloud).port
+    assert port is not None
+    # a round trip keeps each check out while the edge drafts past it, so the line past it goes too
+    with LatencyProxy(("127.0.0.1", port), rtt_s=0.15) as proxy, \
+            client(WrongDrafts(edge) if wrong else edge, f"{proxy.url}/v1", overlap=True) as c:
+        for prompt in PROMPTS:
+            alone = ask(c, prompt, route="cloud", collab="off")
+            one = ask(c, prompt, collab={"mode": "verified", "checks_in_flight": 1})
+            two = ask(c, prompt, collab={"mode": "verified", "checks_in_flight": 2})
+            assert text(two) == text(one) == text(alone), prompt
+            final = two[-1]
+            assert final.usage.completion_tokens == one[-1].usage.completion_tokens
+            assert final.route.tokens["edge"] + final.route.tokens["cloud"] == final.usage.completion_tokens
+            assert not final.route.fallbacks and one[-1].route.noted("checks_ahead") is None
+            note = final.route.noted("checks_ahead")
+            held += int(note.value or 0) if note is not None else 0
+    if not wrong:  # the same model drafts: a check out is kept whole, so the one sent behind it is read
+        assert held >= len(PROMPTS)
+
+
 @pytest.mark.parametrize("rounds", [{"pipeline": False}, {"overlap": False}], ids=["strict", "sides-take-turns"])
 def test_a_confidence_floor_ends_blocks_where_the_edge_is_unsure_and_keeps_the_text(edge: Backend, cloud: str,
                                                                                    rounds: dict[str, Any]) -> None:

@@ -39,3 +39,33 @@ def test_a_session_reference_is_checked(bad: dict[str, object]) -> None:
 
     with pytest.raises(InvalidRequestError):
         SessionRef(**bad)
+
+
+def test_one_sessions_requests_take_turns_in_arrival_order_and_others_do_not_wait() -> None:
+    import asyncio
+
+    store = SessionStore()
+    order: list[str] = []
+
+    async def check(name: str, session: str, gate: asyncio.Event | None = None) -> None:
+        async with store.turn(session):
+            order.append(f"{name} starts")
+            if gate is not None:
+                await gate.wait()
+            order.append(f"{name} ends")
+
+    async def main() -> None:
+        order.clear()
+        gate = asyncio.Event()
+        first = asyncio.create_task(check("first", "a", gate))
+        await asyncio.sleep(0)
+        second = asyncio.create_task(check("second", "a"))
+        other = asyncio.create_task(check("other", "b"))
+        await asyncio.sleep(0.01)
+        assert order == ["first starts", "other starts", "other ends"]  # another session does not wait
+        gate.set()
+        await asyncio.gather(first, second, other)
+
+    asyncio.run(main())
+    assert order[3:] == ["first ends", "second starts", "second ends"]  # the later one waited its turn
+    asyncio.run(main())  # and the session's turn is free again afterwards

@@ -20,7 +20,17 @@ verifies, and its two modes:
 flight the edge keeps drafting past the block as if it were accepted (its greedy line). When the
 answer lands, what is consistent with it (the block kept and the cloud's next token equal to the
 edge's next draft) stays drafted and the next check goes out at once; otherwise the edge drafts
-again from the cloud's token. The first check carries the prompt alone and goes out before the
+again from the cloud's token. With ``collab.checks_in_flight`` 2 the next check does not wait for
+that answer: once the edge has drafted a block past the one out, it goes too, on the bet that the
+one out is kept whole and the cloud's token after it is the edge's next draft (taken where the
+edge's own odds of that are at least ``BET_ODDS``; it
+carries that token, so it is scored again: a check sent ahead reads nothing of an answer it did
+not see). The server checks one answer's requests in arrival order (``edgecloud serve``); a bet
+that did not hold is dropped (the server refuses it, 409, where the check before kept less, and
+what it computed otherwise is billed), and one that held is read as the next check, so the round
+trip and the server's idle time between checks leave the user's clock. On a CPU cloud that did not
+pay (the server computes between checks anyway; lost bets and the token each bet carries cost it
+work), so one check is out at a time by default. The first check carries the prompt alone and goes out before the
 edge has read it (``collab.cloud_first_token``): the cloud's prefill runs while the edge prefills
 and drafts, and the first token shown is the cloud's own greedy first token, so the answer
 starts no later than the cloud's alone. Against a cloud that shares this process's CPUs
@@ -73,32 +83,30 @@ edge that fails hands the rest to the cloud.
 
 from __future__ import annotations
 
-import ipaddress
+import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, ClassVar, TypeVar
-from urllib.parse import urlsplit
+from typing import Any, ClassVar
 
 from ..answer import Part
 from ..backend import Backend, Drafter, Verifier, close_stream
-from ..errors import ConfigError, ContextOverflowError, ExtensionUnsupportedError, InvalidRequestError, VocabularyMismatchError
+from ..errors import (ConfigError, ContextOverflowError, ExtensionUnsupportedError, InvalidRequestError,
+                      SessionExpiredError, VocabularyMismatchError)
 from ..fallback import Attempt
 from ..observability.cost import forward_passes
 from ..runtime.coupling import SCHEME, Picker
-from ..runtime.hardware import cpu_budget
 from ..runtime.held import HeldGrammar, HeldPicker
 from ..runtime.scoring import Scored, TokenSession
-from ..runtime.speculative import Acceptance, accept_prefix, best_k, expected_tokens
+from ..runtime.speculative import Acceptance, accept_prefix, best_k
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
 from .auto import answer_coupling, may, unverifiable
+from .rounds import DraftLine, EdgeFailed, Flight, RoundCost, edge_stream, on_edge, shares_cpu
 from .run import AnswerRun, SharedAnswer, SharedMode, register_mode
 
 __all__ = ["CheckedMode", "DraftAndCheck", "VerifiedMode", "can_score", "choose_k"]
-
-T = TypeVar("T")
 
 #: Acceptance assumed before the first round (a same-family draft agrees most of the time).
 PRIOR_ACCEPTANCE = 0.7
@@ -107,6 +115,10 @@ PRIOR_ACCEPTANCE = 0.7
 #: check (a pass, an output token billed) for ~2 tokens; 4 was faster, cheaper and used fewer
 #: passes (benchmarks/pipeline.py, one core each, RTT 50 ms).
 RESTART_BLOCK = 4
+#: Pipelined rounds with two checks in flight: the next check goes before the one out lands only
+#: where the edge's own odds that the one out is kept whole and followed by its next draft (the
+#: product of its probabilities of those picks) are at least this; a lost bet costs the cloud.
+BET_ODDS = 0.5
 #: Text whose tokens the edge and the cloud must name alike before drafts are verified
 #: (letters, digits, punctuation, spaces, a newline, a non-ASCII word).
 VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京"
@@ -114,6 +126,9 @@ VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京
 _SAME_VOCAB: set[tuple[int, str, str]] = set()
 #: (edge, cloud URL, cloud model, with tools) -> whether the two render a prompt to the same token ids.
 _SAME_PROMPT: dict[tuple[int, str, str | None, bool], bool] = {}
+#: (cloud URL, backend name) -> whether it answered a check sent ahead in order (False: it refused one
+#: whose bet held, so it does not check one session's requests in arrival order; no more are sent).
+_IN_ORDER: dict[tuple[str, str], bool] = {}
 #: Checks in flight while the edge drafts on (HTTP requests: threads that mostly wait).
 _CHECKS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edgecloud-check")
 
@@ -138,26 +153,13 @@ def choose_k(alpha: float, draft_s: float, round_s: float, k_max: int) -> int:
     return best_k(alpha, k_max, fixed=round_s, per_token=draft_s)[0]
 
 
-class _EdgeFailed(Exception):
-    """The edge runtime failed mid-answer (``error``): the cloud finishes the answer."""
-
-    def __init__(self, error: Exception) -> None:
-        super().__init__(str(error))
-        self.error = error
+class _BetRefused(Exception):
+    """A check sent ahead, whose bet held, was refused by the server (it held fewer tokens)."""
 
 
-def _on_edge(call: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    try:
-        return call(*args, **kwargs)
-    except Exception as exc:  # noqa: BLE001 - the edge's own failure, handed to the failover
-        raise _EdgeFailed(exc) from exc
-
-
-def _edge_stream(tokens: Iterator[tuple[int, float]]) -> Iterator[tuple[int, float]]:
-    try:
-        yield from tokens
-    except Exception as exc:  # noqa: BLE001 - the edge's own failure, handed to the failover
-        raise _EdgeFailed(exc) from exc
+def _endpoint(attempt: Attempt) -> tuple[str, str]:
+    """Which cloud an attempt asks: its URL and its backend's name."""
+    return str(attempt.backend.base_url), attempt.backend.name
 
 
 class _VocabRefused(Exception):
@@ -166,128 +168,6 @@ class _VocabRefused(Exception):
     def __init__(self, error: Exception) -> None:
         super().__init__(str(error))
         self.error = error
-
-
-@dataclass
-class _Flight:
-    """One check sent: ``block`` drafted after the context it was sent with, its answer to come."""
-
-    attempt: Attempt
-    block: list[int]
-    future: Future[Scored]
-    started: float
-    #: Tokens of context before the block.
-    at: int
-
-    def drop(self) -> None:
-        """Nobody will read this check's answer (it is dropped when it lands): its breaker trial is given back."""
-        self.future.cancel()
-        self.attempt.breaker.release()
-
-
-class _RoundCost:
-    """What one check costs on the user's clock as the line ``fixed + per_token * tokens``, fitted
-    by decayed least squares over the checks of this answer (prior: ``fixed`` 0.1 s, 10 ms a token).
-    A server computes a batch of drafted tokens at a cost that grows with the batch (on a CPU,
-    almost as fast as decoding them one by one), so the block a check carries is chosen by it."""
-
-    def __init__(self, decay: float = 0.85) -> None:
-        self.decay = decay
-        self._n = self._x = self._y = self._xx = self._xy = 0.0
-        for tokens in (2, 8):  # the prior, as two checks
-            self.observe(tokens, 0.1 + 0.01 * tokens)
-
-    def observe(self, tokens: int, seconds: float) -> None:
-        d = self.decay
-        self._n, self._x, self._y = d * self._n + 1, d * self._x + tokens, d * self._y + seconds
-        self._xx, self._xy = d * self._xx + tokens * tokens, d * self._xy + tokens * seconds
-
-    def line(self) -> tuple[float, float]:
-        """``(fixed, per_token)`` seconds, neither below zero."""
-        mean_x, mean_y = self._x / self._n, self._y / self._n
-        var = self._xx / self._n - mean_x * mean_x
-        slope = (self._xy / self._n - mean_x * mean_y) / var if var > 1e-9 else 0.0
-        slope = max(0.0, slope)
-        return max(0.0, mean_y - slope * mean_x), slope
-
-    def block(self, alpha: float, k_min: int, k_max: int) -> int:
-        """The block size with the most tokens per second of checks while the edge drafts during
-        them; of those within 5 % of the best, the longest (fewer checks, fewer passes, at little
-        cost to the user's clock)."""
-        fixed, per_token = self.line()
-        rates = {k: expected_tokens(alpha, k) / max(1e-6, fixed + (k + 1) * per_token) for k in range(k_min, k_max + 1)}
-        best = max(rates.values())
-        return max(k for k, rate in rates.items() if rate >= 0.95 * best)
-
-
-def _loopback(url: str) -> bool:
-    host = (urlsplit(url).hostname or "").lower()
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-def shares_cpu(url: str) -> bool:
-    """Whether a cloud at ``url`` computes on this process's CPUs: it is on this machine (a
-    loopback address) and this process may use every CPU (not pinned to some of them, as an app
-    and its server on separate cores are). Two llama.cpp processes computing at once on the same
-    cores slow each other far more than twofold (their threads wait for each other at every
-    operation), so pipelined rounds then keep the edge idle while a check is computed."""
-    if not _loopback(url):
-        return False
-    budget = cpu_budget()
-    return budget.allowed >= budget.logical
-
-
-class _Line:
-    """The edge's line after the written answer (``context``): ``tokens`` drafted ahead (greedy,
-    or the picks of a picker from ``picker()``), one open stream on the edge while the line goes
-    on unbroken."""
-
-    def __init__(self, edge: Drafter, context: list[int], picker: Callable[[], Picker | None] = lambda: None) -> None:
-        self.edge, self.context, self.picker = edge, list(context), picker
-        self.tokens: list[int] = []
-        self.ended = False  # the line reached an end-of-answer token
-        self.seconds = 0.0
-        self._stream: Iterator[tuple[int, float]] | None = None
-
-    def extend(self, limit: int, stop: Callable[[], bool] = lambda: False) -> None:
-        """Draft on until the line holds ``limit`` tokens, ends, or ``stop()`` says so."""
-        started = time.perf_counter()
-        while len(self.tokens) < limit and not self.ended and not stop():
-            if self._stream is None:
-                room = (self.edge.n_ctx or 0) - len(self.context) - len(self.tokens) - 1
-                if room < 1:
-                    self.ended = True
-                    break
-                self._stream = _edge_stream(self.edge.greedy(self.context + self.tokens, room, self.picker()))
-            token = next(self._stream, None)
-            if token is None:  # the stream reached the context's end
-                self._stream = None
-                self.ended = True
-                break
-            self.tokens.append(token[0])
-            self.ended = self.edge.is_end(token[0])
-        self.seconds += time.perf_counter() - started
-
-    def advance(self, written: list[int]) -> bool:
-        """``written`` joined the answer: the line goes on where it already holds them, else it is
-        drafted again from the new context. Whether it went on."""
-        self.context += written
-        if self.tokens[:len(written)] == written:
-            del self.tokens[:len(written)]
-            return True
-        self.close()
-        self.tokens, self.ended = [], False
-        return False
-
-    def close(self) -> None:
-        if self._stream is not None:
-            close_stream(self._stream)
-            self._stream = None
 
 
 class DraftAndCheck(SharedAnswer):
@@ -325,6 +205,8 @@ class DraftAndCheck(SharedAnswer):
         self.text = ""
         self._stream = TextStream(self.request.stop_sequences)
         self.finish: FinishReason | None = None
+        #: Checks sent ahead of the one out, and those whose bet held (pipelined rounds).
+        self._bets = [0, 0]
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         if self.request.continue_final_message:
@@ -339,7 +221,7 @@ class DraftAndCheck(SharedAnswer):
                 yield from self._pipelined()
             else:  # strict rounds; pipelined ones with a cloud on this process's CPUs take turns the same way
                 yield from self._answer(cloud_first=pipelined and self.settings.cloud_first_token)
-        except _EdgeFailed as failed:  # the cloud writes the rest, through the one failover
+        except EdgeFailed as failed:  # the cloud writes the rest, through the one failover
             yield from self.cloud_finishes(failed.error)
         except _StepDown as down:  # nothing shown yet: the next mode writes the whole answer
             yield from self.run.step_down(down.refused, down.by)
@@ -350,15 +232,15 @@ class DraftAndCheck(SharedAnswer):
     def _start(self) -> tuple[list[int], int, Part, Part]:
         """The prompt's token ids, the answer's token budget, and the edge's and the cloud's parts."""
         messages, tools = self.request.message_dicts(), self.request.tool_dicts()
-        prompt = self._clouds_prompt(messages, tools, _on_edge(self.drafter.tokenize_chat, messages, tools))
+        prompt = self._clouds_prompt(messages, tools, on_edge(self.drafter.tokenize_chat, messages, tools))
         self.recorder.prompt_tokens = len(prompt)
         self.grammar = HeldGrammar.of(self.request, len(prompt))
         if self.grammar is not None:
-            self.held = _on_edge(self.drafter.hold, self.grammar, self.coupling)
+            self.held = on_edge(self.drafter.hold, self.grammar, self.coupling)
         room = (self.edge.n_ctx or 0) - len(prompt) - 1
         if room < 1:  # the edge cannot hold the prompt (the router did not know its context yet)
             overflow = ContextOverflowError(len(prompt), self.edge.n_ctx or 0)
-            raise _EdgeFailed(overflow) from overflow
+            raise EdgeFailed(overflow) from overflow
         budget = min(self.request.max_tokens or room, room)
         return prompt, budget, self.recorder.part("edge", self.edge.name), self.recorder.part("cloud", "cloud")
 
@@ -421,7 +303,7 @@ class DraftAndCheck(SharedAnswer):
                         break
                 k = max(1, min(k, budget - len(ids)))
                 if len(block) < k and not (block and edge.is_end(block[-1])):
-                    block += _on_edge(edge.draft, prompt + ids + block, k - len(block), self._picker(),
+                    block += on_edge(edge.draft, prompt + ids + block, k - len(block), self._picker(),
                                       until_below=floor, at_least=max(1, self.draft_min - len(block)))
             edge_s = time.perf_counter() - started
             edge_part.seconds += edge_s
@@ -450,13 +332,16 @@ class DraftAndCheck(SharedAnswer):
 
     def _pipelined(self) -> Iterator[ChatCompletionChunk]:
         """Verified mode with the edge drafting while each check is in flight (see the module
-        docstring): one check out at a time, the next sent as soon as the last one lands."""
+        docstring): the next check goes as soon as the last one lands, or, with
+        ``collab.checks_in_flight`` 2, at once on the bet that the one out is kept whole."""
         prompt, budget, edge_part, cloud_part = self._start()
         ids: list[int] = []
-        acceptance, cost = Acceptance(PRIOR_ACCEPTANCE), _RoundCost()
+        acceptance, cost = Acceptance(PRIOR_ACCEPTANCE), RoundCost()
         k_max = self.settings.draft_max
-        line = _Line(self.drafter, prompt, self._picker)
-        flight: _Flight | None = None
+        line = DraftLine(self.drafter, prompt, self._picker)
+        flight: Flight | None = None
+        ahead: Flight | None = None  # sent on the bet that ``flight`` is kept whole
+        void: list[Flight] = []  # sent ahead on bets that did not hold
         first = self.settings.cloud_first_token and budget > 0
         try:
             while len(ids) < budget and self.finish is None:
@@ -481,33 +366,81 @@ class DraftAndCheck(SharedAnswer):
                         continue
                     flight = self._send(attempt, prompt + ids, block, cloud_part)
                     first = False
-                # a check is in flight: draft past its block until it lands
-                line.extend(min(budget - len(ids), len(flight.block) + 1 + k_max), flight.future.done)
-                outcome = self._settle(flight, cloud_part)
+                # a check is in flight: draft past its block until it lands (sending the line past
+                # it as the next check once there is a block of it)
+                past = len(flight.block) - flight.known  # the line's tokens the check covers
+                if ahead is None and self._may_go_ahead(flight):
+                    room = budget - len(ids) - past
+                    size = min(room, 1 + cost.block(acceptance.rate, self.draft_min, k_max))
+                    line.extend(past + size, flight.future.done)
+                    bet = line.tokens[past:past + size]
+                    if len(bet) > 1 and not flight.future.done() and len(line.tokens) >= past + size \
+                            and math.prod(line.sure[:past + 1]) >= BET_ODDS \
+                            and not any(self.drafter.is_end(t) for t in line.tokens[:past]):
+                        ahead = self._send(flight.attempt, prompt + ids + line.tokens[:past], bet, cloud_part,
+                                           session=self.session.ahead(flight.at + len(flight.block)))
+                        self._bets[0] += 1
+                beyond = len(ahead.block) - ahead.known if ahead is not None else 0
+                line.extend(min(budget - len(ids), past + 1 + beyond + k_max), flight.future.done)
+                try:
+                    outcome = self._settle(flight, cloud_part)
+                except _BetRefused:  # the cloud did not hold what the bet needed: nothing of it is kept
+                    flight = None
+                    if ahead is not None:
+                        void.append(ahead)
+                        ahead = None
+                    continue
                 landed, flight = flight, None
                 self._holds_sessions(landed.attempt)
                 if outcome is None:  # failed or refused: the edge's block stands
                     kept, extra = landed.block, None
                 else:
                     kept, extra = outcome
-                    if landed.block:  # (the prompt's check costs its prefill: not a round's cost)
+                    if len(landed.block) > landed.known and landed.known == 0:
+                        # (the prompt's check costs its prefill, a check sent ahead waited for the one
+                        # before it: neither is a round's cost)
                         acceptance.observe(len(landed.block), len(kept))
                         cost.observe(len(landed.block) + 1, time.perf_counter() - landed.started)
-                written = [*kept, *([extra] if extra is not None else [])]
+                    elif landed.known:
+                        acceptance.observe(len(landed.block) - landed.known, max(0, len(kept) - landed.known))
+                if len(kept) < landed.known:  # the cloud no longer picks the token it wrote after the check
+                    written: list[int] = []  # before (a tie, computed in another batch): nothing is kept
+                    self.session.keep(landed.at)
+                else:
+                    written = [*kept[landed.known:], *([extra] if extra is not None else [])]
                 for i, token in enumerate(written):
-                    side = "cloud" if extra is not None and i == len(kept) else "edge"
+                    side = "cloud" if extra is not None and i == len(written) - 1 else "edge"
                     yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)
                     if self.finish is not None or len(ids) >= budget:
                         break
-                line.advance(written)
+                went_on = line.advance(written) if written else False
+                if ahead is not None:
+                    if outcome is not None and extra is not None and len(kept) == len(landed.block) and went_on:
+                        flight = ahead  # the bet held: its answer is the next to read
+                        self._bets[1] += 1
+                    else:  # lost: whatever the server computes for it, the next check starts where it did
+                        void.append(ahead)
+                        self.session.keep(ahead.at)
+                    ahead = None
         finally:
             line.close()
-            if flight is not None:
-                flight.drop()
+            for out in (flight, ahead):
+                if out is not None:
+                    out.drop()
+            self._lost_bets(void, cloud_part)
             edge_part.seconds += line.seconds
         yield from self.emit("edge", self._stream.flush())
         self._rounds_done("pipelined rounds")
         yield from self.final(self.finish or "length")
+
+    def _may_go_ahead(self, flight: Flight) -> bool:
+        """Whether a check may go out before ``flight`` lands: two in flight are allowed, the answer
+        is greedy and free (a sampled or grammar-held pick would need the state after the bet), the
+        cloud holds the session and is healthy, and it has not refused a bet that held."""
+        attempt = flight.attempt
+        return (self.settings.checks_in_flight > 1 and self.session.supported is True and self.grammar is None
+                and (self.coupling is None or self.coupling.greedy) and attempt in self.clouds
+                and attempt.breaker.state == "closed" and _IN_ORDER.get(_endpoint(attempt)) is not False)
 
     def _picker(self) -> Picker | None:
         """What the edge drafts with from the written answer on: None (greedy), the coupling, or a
@@ -524,6 +457,10 @@ class DraftAndCheck(SharedAnswer):
                                            "cloud's own draw", c.temperature)
         calls = self.recorder.cloud_calls
         self.recorder.note("verified_rounds", f"checked by the cloud in {calls} {kind}", calls)
+        sent, held = self._bets
+        if sent:
+            self.recorder.note("checks_ahead", f"{sent} checks went out before the one ahead of them landed; "
+                                               f"the bet held for {held}", held)
 
     def _refused(self, attempt: Attempt, refused: ExtensionUnsupportedError) -> None:
         """The endpoint refused to check (it cannot score, or names other token ids). Under
@@ -557,7 +494,7 @@ class DraftAndCheck(SharedAnswer):
         the first it is unsure of goes into ``block`` (to be drafted on from and checked)."""
         assert self.trust is not None
         edge = self.drafter
-        tokens = _edge_stream(edge.greedy(prompt + ids, budget - len(ids), self._picker()))
+        tokens = edge_stream(edge.greedy(prompt + ids, budget - len(ids), self._picker()))
         try:
             for token, p in tokens:
                 if p < self.trust and self._calls_left() and any(a.breaker.available() for a in self.clouds):
@@ -623,10 +560,12 @@ class DraftAndCheck(SharedAnswer):
 
         return compare
 
-    def _send(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Part, *, wait: bool = False) -> _Flight:
+    def _send(self, attempt: Attempt, tokens: list[int], draft: list[int], part: Part, *, wait: bool = False,
+              session: TokenSession | None = None) -> Flight:
         """Send the check of ``draft`` after ``tokens`` to ``attempt``'s cloud (in the session: only
         what it does not hold); ``wait``: answered before this returns, else it lands while the
-        edge drafts on."""
+        edge drafts on; ``session``: a view of the answer's session for a check sent ahead."""
+        session = session or self.session
         part.backend = attempt.backend.name
         verifier = attempt.backend
         assert isinstance(verifier, Verifier)  # checked when the answer started
@@ -639,7 +578,7 @@ class DraftAndCheck(SharedAnswer):
                     compare()
                 except Exception as exc:  # noqa: BLE001 - told apart from the check's own failure
                     raise _VocabRefused(exc) from exc
-            return verifier.score_in(self.session, context, start=len(tokens), top_n=1, coupling=self.coupling,
+            return verifier.score_in(session, context, start=len(tokens), top_n=1, coupling=self.coupling,
                                      grammar=self.grammar, keep_verified=True)
 
         started = time.perf_counter()
@@ -651,9 +590,9 @@ class DraftAndCheck(SharedAnswer):
                 future.set_exception(exc)
         else:
             future = _CHECKS.submit(check)
-        return _Flight(attempt, list(draft), future, started, len(tokens))
+        return Flight(attempt, list(draft), future, started, len(tokens), session, 1 if session.resend is False else 0)
 
-    def _settle(self, flight: _Flight, part: Part) -> tuple[list[int], int] | None:
+    def _settle(self, flight: Flight, part: Part) -> tuple[list[int], int] | None:
         """The kept draft prefix and the cloud's next token, once the check has landed; None when
         the cloud failed (recorded: the edge writes on alone) or refused (see :meth:`_refused`)."""
         attempt = flight.attempt
@@ -670,24 +609,43 @@ class DraftAndCheck(SharedAnswer):
             self._refused(attempt, refused)
             return None
         except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
+            if isinstance(exc, SessionExpiredError) and not flight.session.resend:  # sent ahead, its bet held,
+                _IN_ORDER[_endpoint(attempt)] = False  # and yet the server did not continue from it
+                raise _BetRefused() from exc
             self._counted(part)
             self.cloud_failed(attempt, exc, "verification")
             self.span_done("failed", 0, time.perf_counter() - flight.started)
             self.clouds = [a for a in self.clouds if a is not attempt]  # the edge (or the next URL) finishes
             return None
-        self._counted(part)
         attempt.breaker.success()
+        self._bill(scored, part, flight)
+        scores, nxt, draft = scored.scores, scored.next, flight.block
+        kept = accept_prefix(draft, [s.choice for s in scores])  # the cloud's greedy choice, or its coupled draw
+        extra = scores[kept].choice if kept < len(draft) else nxt.token
+        if flight.session is not self.session:  # sent ahead, and the bet held: the server holds what it says
+            self.session.held = flight.session.held
+        self.session.checked(flight.at, kept, extra, scored)  # the rejected drafts are not context
+        self.span_done("verified", 1, time.perf_counter() - flight.started)
+        return draft[:kept], extra
+
+    def _bill(self, scored: Scored, part: Part, flight: Flight) -> None:
+        """Count what a check that landed cost: a call, its tokens billed and cached, its passes."""
+        self._counted(part)
         part.prompt_tokens += scored.sent
         part.cached_tokens += scored.cached
         part.completion_tokens += 1  # the round's next token, generated and billed
         part.passes += forward_passes(scored.sent - scored.cached, 1)
         part.seconds += time.perf_counter() - flight.started
-        scores, nxt, draft = scored.scores, scored.next, flight.block
-        kept = accept_prefix(draft, [s.choice for s in scores])  # the cloud's greedy choice, or its coupled draw
-        extra = scores[kept].choice if kept < len(draft) else nxt.token
-        self.session.checked(flight.at, kept, extra, scored)  # the rejected drafts are not context
-        self.span_done("verified", 1, time.perf_counter() - flight.started)
-        return draft[:kept], extra
+
+    def _lost_bets(self, void: list[Flight], part: Part) -> None:
+        """Checks sent ahead on a bet that did not hold: what the cloud computed for them is billed
+        (counted when they land); one it refused (it held fewer tokens than the bet) cost nothing."""
+        for flight in void:
+            if not flight.future.done():
+                flight.future.cancel()
+                continue
+            with contextlib.suppress(Exception):  # noqa: BLE001 - a lost bet's failure says nothing of the cloud
+                self._bill(flight.future.result(), part, flight)
 
     def _counted(self, part: Part) -> None:
         self.recorder.cloud_call()

@@ -464,6 +464,8 @@ class CloudBackend(Backend):
             response = self._post(body, url)
         except SessionExpiredError:
             assert session is not None
+            if not session.resend:
+                raise
             session.lost()
             return self._scoring(tokens, start, top_n, as_ids, session, coupling, grammar, keep)
         except (InvalidRequestError, ModelNotFoundError, BackendError) as exc:

@@ -107,6 +107,15 @@ class TokenSession:
     supported: bool | None = None
     #: Rounds sent whole again because the server had lost the session.
     resent: int = 0
+    #: Whether a round the server refuses to continue (it holds fewer tokens than ``held``) is sent
+    #: whole again; False: the refusal (SessionExpiredError) is raised (a check sent ahead, on a bet).
+    resend: bool = True
+
+    def ahead(self, held: int) -> TokenSession:
+        """A view of this session for a round sent before the last one is answered, on the bet
+        that the server will then hold ``held`` tokens of this answer: raised, not resent, when it
+        does not (its answer says nothing then)."""
+        return TokenSession(id=self.id, held=held, supported=self.supported, resend=False)
 
     def base(self, tokens: int) -> int:
         """How many of a round's first ``tokens`` need not be sent."""

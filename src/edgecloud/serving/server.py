@@ -323,7 +323,6 @@ def create_app(
             body = CompletionRequest.parse(await _read_json(request, max_body_bytes))
             check_model(body.model)
             ref = body.session
-            context = sessions.resolve(ref, body.token_ids or []) if ref is not None else None
             if body.echo or body.logprobs is not None:
                 if not isinstance(backend, ScoringBackend):
                     raise InvalidRequestError(
@@ -332,19 +331,11 @@ def create_app(
                 if body.stream:
                     raise InvalidRequestError("a scoring request (echo + logprobs) is answered whole; set stream=false",
                                               param="stream")
-                started = time.perf_counter()
-                scored = await asyncio.to_thread(scored_completion, backend, body, model_name, context,
-                                                 ref.base if ref is not None else 0)
-                usage = scored.usage
-                assert usage is not None
-                metrics.on_scored(usage.prompt_tokens, usage.context_tokens or 0, usage.completion_tokens,
-                                  time.perf_counter() - started, usage.cached_tokens)
-                if ref is not None and context is not None:
-                    if scored.verified is not None:  # the drafts it agrees with, then its own token
-                        context = scored.verified.held(context)
-                    sessions.hold(ref.id, context)
-                    scored.session = SessionInfo(id=ref.id, tokens=len(context))
-                return Response(scored.model_dump_json(), media_type="application/json")
+                if ref is None:
+                    return await _scored(backend, body, None)
+                async with sessions.turn(ref.id):  # after the session's earlier checks, in arrival order
+                    return await _scored(backend, body, ref)
+            context = sessions.resolve(ref, body.token_ids or []) if ref is not None else None
             if not isinstance(backend, CompletionsBackend):
                 raise InvalidRequestError(
                     f"/v1/completions is not served by the {backend.name} runtime; use /v1/chat/completions "
@@ -359,6 +350,24 @@ def create_app(
             return await _start_stream(chunks, body.stream_options)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an OpenAI error body
             return error_response(exc)
+
+    async def _scored(backend: ScoringBackend, body: CompletionRequest, ref: SessionRef | None) -> Response:
+        """A scoring request (``echo`` + ``logprobs``), in its session when it names one: what the
+        session holds afterwards is the context, less the drafts a ``keep_verified`` check rejected."""
+        context = sessions.resolve(ref, body.token_ids or []) if ref is not None else None
+        started = time.perf_counter()
+        scored = await asyncio.to_thread(scored_completion, backend, body, model_name, context,
+                                         ref.base if ref is not None else 0)
+        usage = scored.usage
+        assert usage is not None
+        metrics.on_scored(usage.prompt_tokens, usage.context_tokens or 0, usage.completion_tokens,
+                          time.perf_counter() - started, usage.cached_tokens)
+        if ref is not None and context is not None:
+            if scored.verified is not None:  # the drafts it agrees with, then its own token
+                context = scored.verified.held(context)
+            sessions.hold(ref.id, context)
+            scored.session = SessionInfo(id=ref.id, tokens=len(context))
+        return Response(scored.model_dump_json(), media_type="application/json")
 
     async def _in_session(chunks: AsyncIterator[Completion], ref: SessionRef | None) -> AsyncIterator[Completion]:
         """A session's generation: usage counts only the tokens sent (the held ones as context)."""

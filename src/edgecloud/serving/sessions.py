@@ -9,15 +9,22 @@ prefix plus the new tokens, and the client never re-sends (nor pays again for) w
 has seen. A session the store no longer holds, or holds fewer than ``base`` tokens of, is a 409
 (``session_expired``): the client sends its whole context again and the answer is unchanged.
 
+One session's requests run one at a time, in the order they arrived (:meth:`SessionStore.turn`):
+a client may send its next check before the last one is answered (two checks in flight), and the
+later one then continues from what the earlier one left held (or is refused: 409, when the earlier
+one kept fewer tokens than it assumed).
+
 Bounded: at most ``max_sessions`` (least recently used first out) and ``ttl_s`` seconds idle.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from ..errors import SessionExpiredError
 from ..runtime.completions import SessionRef
@@ -36,6 +43,24 @@ class SessionStore:
         self.max_sessions, self.ttl_s, self._clock = max_sessions, ttl_s, clock
         self._held: OrderedDict[str, tuple[float, list[int]]] = OrderedDict()
         self._lock = threading.Lock()
+        #: Per session with a request running or waiting: its turn lock and how many hold or wait for it.
+        self._turns: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @asynccontextmanager
+    async def turn(self, session_id: str) -> AsyncIterator[None]:
+        """Run the body when the earlier requests of ``session_id`` (by arrival) have finished
+        (call from the server's event loop; the locks live only while requests wait for them)."""
+        lock, waiting = self._turns.get(session_id, (asyncio.Lock(), 0))
+        self._turns[session_id] = (lock, waiting + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, waiting = self._turns[session_id]
+            if waiting == 1:
+                del self._turns[session_id]
+            else:
+                self._turns[session_id] = (lock, waiting - 1)
 
     def resolve(self, ref: SessionRef, new: list[int]) -> list[int]:
         """The effective prompt: the first ``ref.base`` held tokens, then ``new``."""
