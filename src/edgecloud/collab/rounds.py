@@ -63,9 +63,17 @@ class Flight:
     at: int
     #: The session view the check was sent in (a check sent ahead has its own: :meth:`TokenSession.ahead`).
     session: TokenSession
-    #: Leading tokens of the block already written when it lands (a check sent ahead starts with the
-    #: token it bet the cloud would write after the check before it).
-    known: int = 0
+
+    @property
+    def ahead(self) -> bool:
+        """Whether it was sent before the check ahead of it landed (on the bet that one is kept whole)."""
+        return not self.session.resend
+
+    @property
+    def known(self) -> int:
+        """Leading tokens of the block already written when it lands: a check sent ahead starts with
+        the token it bet the cloud would write after the check before it."""
+        return 1 if self.ahead else 0
 
     def drop(self) -> None:
         """Nobody will read this check's answer (it is dropped when it lands): its breaker trial is given back."""

@@ -126,9 +126,9 @@ VOCAB_PROBE = "Hello, world! def f(x):\n    return x * 42  # naïve café 東京
 _SAME_VOCAB: set[tuple[int, str, str]] = set()
 #: (edge, cloud URL, cloud model, with tools) -> whether the two render a prompt to the same token ids.
 _SAME_PROMPT: dict[tuple[int, str, str | None, bool], bool] = {}
-#: (cloud URL, backend name) -> whether it answered a check sent ahead in order (False: it refused one
-#: whose bet held, so it does not check one session's requests in arrival order; no more are sent).
-_IN_ORDER: dict[tuple[str, str], bool] = {}
+#: (cloud URL, backend name) of clouds that refused a check sent ahead whose bet held: they do not
+#: check one session's requests in arrival order, so no more are sent them.
+_UNORDERED: set[tuple[str, str]] = set()
 #: Checks in flight while the edge drafts on (HTTP requests: threads that mostly wait).
 _CHECKS = ThreadPoolExecutor(max_workers=32, thread_name_prefix="edgecloud-check")
 
@@ -206,7 +206,7 @@ class DraftAndCheck(SharedAnswer):
         self._stream = TextStream(self.request.stop_sequences)
         self.finish: FinishReason | None = None
         #: Checks sent ahead of the one out, and those whose bet held (pipelined rounds).
-        self._bets = [0, 0]
+        self._bets_sent = self._bets_held = 0
 
     def chunks(self) -> Iterator[ChatCompletionChunk]:
         if self.request.continue_final_message:
@@ -379,7 +379,7 @@ class DraftAndCheck(SharedAnswer):
                             and not any(self.drafter.is_end(t) for t in line.tokens[:past]):
                         ahead = self._send(flight.attempt, prompt + ids + line.tokens[:past], bet, cloud_part,
                                            session=self.session.ahead(flight.at + len(flight.block)))
-                        self._bets[0] += 1
+                        self._bets_sent += 1
                 beyond = len(ahead.block) - ahead.known if ahead is not None else 0
                 line.extend(min(budget - len(ids), past + 1 + beyond + k_max), flight.future.done)
                 try:
@@ -396,12 +396,12 @@ class DraftAndCheck(SharedAnswer):
                     kept, extra = landed.block, None
                 else:
                     kept, extra = outcome
-                    if len(landed.block) > landed.known and landed.known == 0:
+                    if landed.block and not landed.ahead:
                         # (the prompt's check costs its prefill, a check sent ahead waited for the one
                         # before it: neither is a round's cost)
                         acceptance.observe(len(landed.block), len(kept))
                         cost.observe(len(landed.block) + 1, time.perf_counter() - landed.started)
-                    elif landed.known:
+                    elif landed.ahead:
                         acceptance.observe(len(landed.block) - landed.known, max(0, len(kept) - landed.known))
                 if len(kept) < landed.known:  # the cloud no longer picks the token it wrote after the check
                     written: list[int] = []  # before (a tie, computed in another batch): nothing is kept
@@ -413,11 +413,11 @@ class DraftAndCheck(SharedAnswer):
                     yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)
                     if self.finish is not None or len(ids) >= budget:
                         break
-                went_on = line.advance(written) if written else False
+                went_on = line.advance(written)
                 if ahead is not None:
                     if outcome is not None and extra is not None and len(kept) == len(landed.block) and went_on:
                         flight = ahead  # the bet held: its answer is the next to read
-                        self._bets[1] += 1
+                        self._bets_held += 1
                     else:  # lost: whatever the server computes for it, the next check starts where it did
                         void.append(ahead)
                         self.session.keep(ahead.at)
@@ -440,7 +440,7 @@ class DraftAndCheck(SharedAnswer):
         attempt = flight.attempt
         return (self.settings.checks_in_flight > 1 and self.session.supported is True and self.grammar is None
                 and (self.coupling is None or self.coupling.greedy) and attempt in self.clouds
-                and attempt.breaker.state == "closed" and _IN_ORDER.get(_endpoint(attempt)) is not False)
+                and attempt.breaker.state == "closed" and _endpoint(attempt) not in _UNORDERED)
 
     def _picker(self) -> Picker | None:
         """What the edge drafts with from the written answer on: None (greedy), the coupling, or a
@@ -457,10 +457,9 @@ class DraftAndCheck(SharedAnswer):
                                            "cloud's own draw", c.temperature)
         calls = self.recorder.cloud_calls
         self.recorder.note("verified_rounds", f"checked by the cloud in {calls} {kind}", calls)
-        sent, held = self._bets
-        if sent:
-            self.recorder.note("checks_ahead", f"{sent} checks went out before the one ahead of them landed; "
-                                               f"the bet held for {held}", held)
+        if self._bets_sent:
+            self.recorder.note("checks_ahead", f"{self._bets_sent} checks went out before the one ahead of them "
+                                               f"landed; the bet held for {self._bets_held}", self._bets_held)
 
     def _refused(self, attempt: Attempt, refused: ExtensionUnsupportedError) -> None:
         """The endpoint refused to check (it cannot score, or names other token ids). Under
@@ -590,7 +589,7 @@ class DraftAndCheck(SharedAnswer):
                 future.set_exception(exc)
         else:
             future = _CHECKS.submit(check)
-        return Flight(attempt, list(draft), future, started, len(tokens), session, 1 if session.resend is False else 0)
+        return Flight(attempt, list(draft), future, started, len(tokens), session)
 
     def _settle(self, flight: Flight, part: Part) -> tuple[list[int], int] | None:
         """The kept draft prefix and the cloud's next token, once the check has landed; None when
@@ -609,8 +608,8 @@ class DraftAndCheck(SharedAnswer):
             self._refused(attempt, refused)
             return None
         except Exception as exc:  # noqa: BLE001 - classified: a configuration mistake is raised
-            if isinstance(exc, SessionExpiredError) and not flight.session.resend:  # sent ahead, its bet held,
-                _IN_ORDER[_endpoint(attempt)] = False  # and yet the server did not continue from it
+            if isinstance(exc, SessionExpiredError) and flight.ahead:  # its bet held, and yet the server
+                _UNORDERED.add(_endpoint(attempt))  # did not continue from it
                 raise _BetRefused() from exc
             self._counted(part)
             self.cloud_failed(attempt, exc, "verification")
@@ -622,7 +621,7 @@ class DraftAndCheck(SharedAnswer):
         scores, nxt, draft = scored.scores, scored.next, flight.block
         kept = accept_prefix(draft, [s.choice for s in scores])  # the cloud's greedy choice, or its coupled draw
         extra = scores[kept].choice if kept < len(draft) else nxt.token
-        if flight.session is not self.session:  # sent ahead, and the bet held: the server holds what it says
+        if flight.ahead:  # and the bet held: the server holds what it says
             self.session.held = flight.session.held
         self.session.checked(flight.at, kept, extra, scored)  # the rejected drafts are not context
         self.span_done("verified", 1, time.perf_counter() - flight.started)
@@ -638,8 +637,9 @@ class DraftAndCheck(SharedAnswer):
         part.seconds += time.perf_counter() - flight.started
 
     def _lost_bets(self, void: list[Flight], part: Part) -> None:
-        """Checks sent ahead on a bet that did not hold: what the cloud computed for them is billed
-        (counted when they land); one it refused (it held fewer tokens than the bet) cost nothing."""
+        """Checks sent ahead on a bet that did not hold, at the answer's end: what the cloud computed for
+        those that landed is billed; one it refused (it held fewer tokens than the bet) cost nothing;
+        one still out is dropped uncounted (the server checks in order: it is rare by then)."""
         for flight in void:
             if not flight.future.done():
                 flight.future.cancel()

@@ -43,6 +43,7 @@ the backend stream is closed and its sequence is cancelled (its KV freed) at the
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -331,9 +332,8 @@ def create_app(
                 if body.stream:
                     raise InvalidRequestError("a scoring request (echo + logprobs) is answered whole; set stream=false",
                                               param="stream")
-                if ref is None:
-                    return await _scored(backend, body, None)
-                async with sessions.turn(ref.id):  # after the session's earlier checks, in arrival order
+                # in a session: after its earlier checks, in arrival order
+                async with sessions.turn(ref.id) if ref is not None else contextlib.nullcontext():
                     return await _scored(backend, body, ref)
             context = sessions.resolve(ref, body.token_ids or []) if ref is not None else None
             if not isinstance(backend, CompletionsBackend):
