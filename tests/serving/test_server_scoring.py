@@ -103,6 +103,9 @@ def test_the_cloud_client_reads_the_scores_back(scoring_server: tuple[str, Any])
      "session.base"),
     ({"prompt": [1, 2], "echo": True, "logprobs": 1, "max_tokens": 0, "session": {"id": "s", "keep_verified": True}},
      "max_tokens"),
+    ({"prompt": [], "echo": True, "logprobs": 1, "max_tokens": 1}, "prompt"),  # nothing to continue
+    ({"prompt": [], "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "s", "base": 0}}, "prompt"),
+    ({"prompt": [], "max_tokens": 4}, "prompt"),
 ])
 def test_bad_scoring_requests_are_400s_naming_the_field(scoring_server: tuple[str, Any], body: dict[str, Any],
                                                          param: str) -> None:
@@ -155,7 +158,7 @@ def test_a_session_round_sends_only_what_is_new_and_scores_the_same(scoring_serv
     cut = len(ids) - 3
     passes, prompt_total = _metric(url, "forward_passes_total"), _metric(url, "prompt_tokens_total")
     first = _post(url, {"prompt": ids[:cut], "session": {"id": "answer-1", "base": 0}, "score_from": cut - 1}).json()
-    assert first["session"] == {"id": "answer-1", "tokens": cut}
+    assert first["session"] == {"id": "answer-1", "tokens": cut, "resumes": True}
     assert first["usage"]["prompt_tokens"] == cut and "context_tokens" in first["usage"]
     later = _post(url, {"prompt": ids[cut:], "session": {"id": "answer-1", "base": cut}, "score_from": cut}).json()
     # only the three new tokens were sent and billed; the held ones are context
@@ -200,6 +203,29 @@ def test_a_check_that_keeps_what_it_verified_holds_its_own_token_and_nothing_is_
     # a plain session round keeps everything it was sent, and says nothing of verification
     plain = _post(url, {"prompt": ids + [wrong], "session": {"id": "kv-3"}, "score_from": len(ids)}).json()
     assert plain["session"]["tokens"] == len(ids) + 1 and plain.get("verified") is None
+
+
+def test_a_check_without_drafts_continues_from_what_the_session_holds_and_bills_no_input(
+        scoring_server: tuple[str, Any]) -> None:
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    greedy: list[int] = []  # the model's own continuation, a token at a time, whole contexts sent
+    for _ in range(3):
+        answer = _post(url, {"prompt": ids + greedy, "score_from": len(ids) + len(greedy)}).json()
+        greedy.append(int(answer["choices"][0]["logprobs"]["tokens"][-1].split(":")[1]))
+    passes = _metric(url, "forward_passes_total")
+    body = {"prompt": ids, "session": {"id": "open-1", "keep_verified": True}, "score_from": len(ids)}
+    first = _post(url, body).json()  # the prompt's check: the server holds the prompt and its first token
+    assert first["verified"] == {"accepted": 0, "token": greedy[0]} and first["session"]["resumes"] is True
+    held = first["session"]["tokens"]
+    for token in greedy[1:]:  # then nothing new: each check answers the token after what it holds
+        body = {"prompt": [], "session": {"id": "open-1", "base": held, "keep_verified": True}, "score_from": held}
+        later = _post(url, body).json()
+        assert later["verified"] == {"accepted": 0, "token": token}
+        assert later["usage"]["prompt_tokens"] == 0 and later["usage"]["completion_tokens"] == 1
+        assert later["session"]["tokens"] == held + 1
+        held = later["session"]["tokens"]
+    assert _metric(url, "forward_passes_total") - passes == 3  # a pass each, as its own decoding takes
 
 
 def test_a_scored_prompt_read_from_the_prefix_cache_is_reported_cached(scoring_server: tuple[str, Any]) -> None:

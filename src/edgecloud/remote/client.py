@@ -444,6 +444,8 @@ class CloudBackend(Backend):
         if not self.capabilities.may("score"):
             raise ScoringUnsupportedError(f"{url} refused scoring earlier: {self.capabilities.why('score')}")
         base = session.base(start) if session is not None else 0
+        if session is not None and base >= len(tokens) and not session.resumes:
+            base = len(tokens) - 1  # a check without drafts: the last token again, for a server that needs one
         body: dict[str, Any] = {"model": self.model, "prompt": tokens[base:], "max_tokens": 1, "temperature": 0,
                                 "echo": True, "logprobs": max(1, top_n), "return_tokens_as_token_ids": as_ids,
                                 "score_from": start}
@@ -493,6 +495,7 @@ class CloudBackend(Backend):
                         self.capabilities.refuse("sessions", f"{url} answers without holding a token session: "
                                                              "every check sends the whole context")
                     session.held = int(held["tokens"]) if isinstance(held, dict) else 0
+                    session.resumes = isinstance(held, dict) and held.get("resumes") is True
                     # a server that holds sessions echoes only what was sent: align with ``tokens``
                     logprobs = {**logprobs, **{key: [None] * base + list(logprobs[key])
                                                for key in ("tokens", "token_logprobs", "top_logprobs")}}

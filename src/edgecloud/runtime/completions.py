@@ -100,6 +100,10 @@ class SessionInfo(BaseModel):
 
     id: str
     tokens: int
+    #: The server continues a session from what it holds with no new token ids (``prompt: []``):
+    #: a check without drafts asks for the token after them (its KV is computed then, as its own
+    #: generation would), and nothing is sent twice or billed as input again.
+    resumes: bool = False
 
 
 class CompletionRequest(_Validated):
@@ -149,8 +153,8 @@ class CompletionRequest(_Validated):
     @classmethod
     def _one_prompt(cls, prompt: Any) -> Any:
         if isinstance(prompt, list):
-            if prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-                return prompt  # token ids (checked against the vocabulary by the runtime)
+            if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+                return prompt  # token ids (checked against the vocabulary by the runtime; none: see _supported)
             if len(prompt) != 1 or not isinstance(prompt[0], str):
                 raise ValueError("send one prompt: a string or a list of token ids (lists of prompts are not supported)")
             return [check_text(prompt[0])]
@@ -182,6 +186,10 @@ class CompletionRequest(_Validated):
         for field, bad in unsupported.items():
             if bad:
                 raise InvalidRequestError(f"'{field}' is not supported by this server; leave it out", param=field)
+        if self.prompt == [] and (self.session is None or self.session.base == 0):
+            raise InvalidRequestError("prompt must not be empty: send text or token ids (an empty list continues "
+                                      "only a token session from the tokens it holds, session.base > 0)",
+                                      param="prompt")
         if self.max_tokens == 0 and not self.echo:
             raise InvalidRequestError("max_tokens=0 only makes sense with echo=true (scoring the prompt)", param="max_tokens")
         if self.score_from is not None and not self.echo:
@@ -225,7 +233,7 @@ class CompletionRequest(_Validated):
     @property
     def token_ids(self) -> list[int] | None:
         """The prompt as token ids, when it was sent that way."""
-        if isinstance(self.prompt, list) and self.prompt and isinstance(self.prompt[0], int):
+        if isinstance(self.prompt, list) and (not self.prompt or isinstance(self.prompt[0], int)):
             return self.prompt  # type: ignore[return-value]
         return None
 

@@ -105,6 +105,9 @@ class TokenSession:
     held: int = 0
     #: None until the first answer says; False when the server does not hold sessions.
     supported: bool | None = None
+    #: The server continues from what it holds with no new tokens (its answers say ``resumes``);
+    #: otherwise a round without drafts sends the last held token again.
+    resumes: bool = False
     #: Rounds sent whole again because the server had lost the session.
     resent: int = 0
     #: Whether a round the server refuses to continue (it holds fewer tokens than ``held``) is sent
@@ -115,7 +118,7 @@ class TokenSession:
         """A view of this session for a round sent before the last one is answered, on the bet
         that the server will then hold ``held`` tokens of this answer: raised, not resent, when it
         does not (its answer says nothing then)."""
-        return TokenSession(id=self.id, held=held, supported=self.supported, resend=False)
+        return TokenSession(id=self.id, held=held, supported=self.supported, resumes=self.resumes, resend=False)
 
     def base(self, tokens: int) -> int:
         """How many of a round's first ``tokens`` need not be sent."""

@@ -366,7 +366,7 @@ def create_app(
             if scored.verified is not None:  # the drafts it agrees with, then its own token
                 context = scored.verified.held(context)
             sessions.hold(ref.id, context)
-            scored.session = SessionInfo(id=ref.id, tokens=len(context))
+            scored.session = SessionInfo(id=ref.id, tokens=len(context), resumes=True)
         return Response(scored.model_dump_json(), media_type="application/json")
 
     async def _in_session(chunks: AsyncIterator[Completion], ref: SessionRef | None) -> AsyncIterator[Completion]:
