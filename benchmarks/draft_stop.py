@@ -12,6 +12,7 @@ Phases:
     python benchmarks/draft_stop.py trace --per-family 8   # the answers, the edge's picks along them
     python benchmarks/draft_stop.py calibrate              # a draft step and a check of k tokens, here
     python benchmarks/draft_stop.py sweep                  # replay the rules -> results/draft_stop.json
+    python benchmarks/draft_stop.py opening                # the cloud writing the first N tokens -> *_opening.json
 
 ``trace`` answers a sample of the development corpus with the 1.5B alone (greedy, one token at a
 time, as ``edgecloud serve`` writes all-cloud), then reads that answer with the 0.5B edge in one
@@ -29,7 +30,10 @@ plus each check's cost (plus the round trip), the checks, and the bill (the clou
 block; its output: one token a check, which the server holds: ``session.keep_verified``), against all-cloud's decode of the
 same answer. The floor is chosen leave-one-family-out (of the floors whose checks stay within
 ``MAX_PASSES`` of all-cloud's passes at p50 on the other families, the one with the lowest
-end-to-end p50 there, scored on the held-out family), next to the in-suite figures.
+end-to-end p50 there, scored on the held-out family), next to the in-suite figures. ``opening``
+replays the same rounds after the cloud has written the answer's first ``N`` tokens itself (a check
+without drafts each, ``collab.opening_tokens``), with the edge's read of the prompt (``--read-ms``
+a token) before its first block: what the sides taking turns cost a short answer.
 """
 
 from __future__ import annotations
@@ -58,6 +62,8 @@ LINE = 16
 FLOORS = (0.0, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 #: The cloud's forward passes a floor may cost, against all-cloud's (p50; issue 37's bound).
 MAX_PASSES = 0.2
+#: The bill an opening may reach against all-cloud's at p50 (verified mode's bar).
+MAX_BILLED = 0.65
 #: USD per million tokens (the client's default prices): input, output.
 PRICE_IN, PRICE_OUT = 0.5, 1.5
 
@@ -173,15 +179,22 @@ def _padded(trace: dict[str, Any], start: int) -> Iterator[tuple[float, bool]]:
 
 
 def replay(trace: dict[str, Any], floor: float, cap: Callable[[float, float], int], cal: dict[str, Any],
-           rtt_ms: float, start_ms: float = 0.0) -> dict[str, float]:
+           rtt_ms: float, start_ms: float = 0.0, opening: int = 1, read_ms: float = 0.0) -> dict[str, float]:
     """Strict rounds over one answer: its time against all-cloud's, checks, and the bill against
-    all-cloud's; ``start_ms``: more edge time at each block's start (reading the cloud's token)."""
+    all-cloud's; ``start_ms``: more edge time at each block's start (reading the cloud's token);
+    ``opening``: the cloud writes the first this-many tokens, a check without drafts each
+    (``collab.opening_tokens``); ``read_ms``: the edge's read of the prompt and those tokens, a token."""
     from edgecloud.runtime.speculative import Acceptance
 
     check = {int(k): v for k, v in cal["check_ms_by_k"].items()}
     draft_ms, n, largest = cal["draft_ms"], len(trace["cloud"]), max(check)
     ends = set(trace["ends"])
-    written, ms, checks, sent = 1, 0.0, 1, 0  # the prompt's check wrote the cloud's first token
+    # the prompt's check wrote the cloud's first token; each opening check after it, the next one
+    # (it sends nothing: the server holds its own tokens, ``session.resumes``)
+    written = checks = min(max(1, opening), n)
+    ms, sent = (written - 1) * (check[0] + rtt_ms), 0
+    if written < n:
+        ms += read_ms * (trace["prompt"] + written)
     acceptance, round_ms = Acceptance(0.7), 100.0
     while written < n:
         k_max = min(cap(acceptance.rate, round_ms), n - written)
@@ -252,6 +265,57 @@ def sweep(args: argparse.Namespace) -> None:
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
 
 
+#: ``collab.opening_tokens`` replayed by ``opening``.
+OPENINGS = (1, 2, 4, 6, 8, 12, 16)
+
+
+def opening(args: argparse.Namespace) -> None:
+    """The cloud writing an answer's first tokens before the edge reads the prompt (strict rounds
+    after them at the default floor and ``draft_max``): short answers end at the cloud's pace, long
+    ones pay a pass per token opened. Chosen held out by family: of the openings whose checks stay
+    within ``MAX_PASSES`` of all-cloud's passes (pooled) and whose bill stays within ``MAX_BILLED``
+    at p50 on the other families, the lowest end to end p50 there."""
+    from edgecloud.config import CollabSettings
+
+    trace_file, calibration, stem = _files(args.edge, args.machine)
+    cal = json.loads(calibration.read_text())
+    traces = [t for t in map(json.loads, trace_file.read_text().splitlines()) if len(t["cloud"]) > 1]
+    families = sorted({t["family"] for t in traces})
+    defaults = CollabSettings()
+    floor, k_max = defaults.draft_confidence, defaults.draft_max
+
+    def pooled(rows: list[dict[str, float]], picked: list[dict[str, Any]]) -> float:
+        return sum(r["checks"] for r in rows) / sum(len(t["cloud"]) for t in picked)
+
+    out: dict[str, Any] = {"tasks": len(traces), "floor": floor, "draft_max": k_max, "read_ms": args.read_ms,
+                           "max_passes": MAX_PASSES, "max_billed": MAX_BILLED, "by_rtt": {}}
+    for rtt in args.rtt:
+        runs = {n: [replay(t, floor, lambda rate, round_ms: k_max, cal, rtt, args.start_ms, n, args.read_ms)
+                    for t in traces] for n in OPENINGS}
+        in_suite = {str(n): {**_summary(rows), "server_passes_pooled": round(pooled(rows, traces), 3)}
+                    for n, rows in runs.items()}
+        chosen, held_rows, held_traces = {}, [], []
+        for family in families:
+            others = [i for i, t in enumerate(traces) if t["family"] != family]
+            def rows_of(n: int, idx: list[int]) -> list[dict[str, float]]:
+                return [runs[n][i] for i in idx]
+            within = [n for n in OPENINGS
+                      if pooled(rows_of(n, others), [traces[i] for i in others]) <= MAX_PASSES
+                      and statistics.median(r["billed"] for r in rows_of(n, others)) <= MAX_BILLED] or [1]
+            best = min(within, key=lambda n: statistics.median(r["e2e"] for r in rows_of(n, others)))
+            chosen[family] = best
+            mine = [i for i, t in enumerate(traces) if t["family"] == family]
+            held_rows += rows_of(best, mine)
+            held_traces += [traces[i] for i in mine]
+        held = {"opening_chosen_by_family": chosen, **_summary(held_rows),
+                "server_passes_pooled": round(pooled(held_rows, held_traces), 3)}
+        out["by_rtt"][f"{rtt:g}"] = {"in_suite": in_suite, "held_out_by_family": held}
+        print(f"RTT {rtt:g} ms held out", json.dumps(held))
+        for name, row in in_suite.items():
+            print(f"  opening {name:>3s} {row}")
+    (RESULTS / f"{stem}_opening.json").write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
+
+
 def _agreement(traces: list[dict[str, Any]]) -> dict[str, dict[str, float]]:
     """How often the edge's pick is the cloud's, by the edge's probability of it (along the cloud's answers)."""
     edges = (0.0, 0.3, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95, 0.99, 1.0001)
@@ -288,6 +352,12 @@ def main() -> None:
                     help="edge time at each block's start beyond a draft step (live: ~10 ms, reading two tokens "
                          "after a kept block)")
     sw.set_defaults(run=sweep)
+    op = sub.add_parser("opening")
+    op.add_argument("--rtt", type=float, nargs="+", default=[0.0, 50.0], help="round trips to replay, ms")
+    op.add_argument("--start-ms", type=float, default=0.0, help="as sweep's")
+    op.add_argument("--read-ms", type=float, default=3.0,
+                    help="the edge's read of the prompt, a token (0.5B IQ4_NL, 2 threads, 30-200 tokens: 3.0-3.7 ms)")
+    op.set_defaults(run=opening)
     args = parser.parse_args()
     args.run(args)
 

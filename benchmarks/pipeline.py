@@ -59,6 +59,7 @@ PINS: dict[str, dict[str, Any]] = {
     "pipelined": {},  # the defaults: collab=auto runs verified mode, pipelined
     "two-in-flight": {"collab": {"checks_in_flight": 2}},  # pipelined, the next check sent ahead on a sure bet
     "no-floor": {"collab": {"draft_confidence": 0}},  # the defaults before blocks ended where the edge is unsure
+    "opening-1": {"collab": {"opening_tokens": 1}},  # the sides taking turns: the cloud writes the first token only
     "token": {"collab": "token"},
     "verified": {},
 }

@@ -240,6 +240,7 @@ def test_edge_runtime_picks_the_backend_class(monkeypatch: pytest.MonkeyPatch) -
     ({"draft_min": 9, "draft_max": 4}, "collab.draft_max"),
     ({"draft_confidence": -0.1}, "collab.draft_confidence"),
     ({"checks_in_flight": 3}, "collab.checks_in_flight"),
+    ({"opening_tokens": 0}, "collab.opening_tokens"),
     ({"mode": "sometimes"}, "collab.mode"),
 ])
 def test_collab_settings_out_of_range_name_the_key(collab: dict[str, object], key: str) -> None:
@@ -258,7 +259,8 @@ def test_a_request_may_bring_its_own_collab_settings() -> None:
     assert ChatRequest(messages=[{"role": "user", "content": "x"}], collab="verified").collab_options.mode == "verified"
     for collab, param in (({"max_calls": -2}, "collab.max_calls"), ({"policy": "x"}, "collab.policy"),
                           ({"draft_confidence": 2}, "collab.draft_confidence"),
-                          ({"checks_in_flight": 0}, "collab.checks_in_flight"), ("sometimes", "collab")):
+                          ({"checks_in_flight": 0}, "collab.checks_in_flight"),
+                          ({"opening_tokens": 65}, "collab.opening_tokens"), ("sometimes", "collab")):
         with pytest.raises(InvalidRequestError) as info:
             ChatRequest(messages=[{"role": "user", "content": "x"}], collab=collab)
         assert info.value.param == param

@@ -277,6 +277,15 @@ class CollabSettings(_Section):
                           "once, so the cloud's prefill runs while the edge drafts and the first token shown is the "
                           "cloud's own (the answer starts no later than the cloud's alone).",
     )
+    opening_tokens: int = Field(
+        4, ge=1, le=64,
+        description="Verified mode where the sides take turns (a cloud on this process's CPUs), with "
+                    "cloud_first_token: the cloud writes the answer's first this-many tokens itself, one check "
+                    "without drafts each, before the edge reads the prompt. An answer that short ends at the "
+                    "cloud's own pace; only a longer one pays the edge's read of the prompt and its first round. "
+                    "Each costs the cloud a pass and an output token billed; chosen held out by task family within "
+                    "verified mode's bars on passes and bill (benchmarks/draft_stop.py opening). 1: the first only.",
+    )
     draft_confidence: float = Field(
         0.7, ge=0, le=1,
         description="Verified mode's greedy plain answers where the sides take turns (strict rounds, or a cloud on "

@@ -345,6 +345,8 @@ class CollabOptions(_Validated):
     overlap: bool | None = None
     #: Verified mode, the edge drafting while checks are computed: checks out at once (2: the line past a check too).
     checks_in_flight: int | None = Field(default=None, ge=1, le=2)
+    #: Verified mode, the sides taking turns: the cloud writes the answer's first this-many tokens itself.
+    opening_tokens: int | None = Field(default=None, ge=1, le=64)
 
 
 class ChatRequest(_Validated):

@@ -81,3 +81,25 @@ def test_the_shipped_floor_is_the_one_chosen_held_out_by_family(bench) -> None: 
         ours, none = rows[f"k 15, floor {shipped:g}"], rows["adaptive k, floor 0"]
         assert ours["e2e_vs_all_cloud_p50"] < none["e2e_vs_all_cloud_p50"]
         assert ours["billed_vs_all_cloud_p50"] < none["billed_vs_all_cloud_p50"]
+
+
+def test_an_answer_within_the_opening_costs_what_all_cloud_does_and_the_shipped_opening_was_chosen_held_out(
+        bench, traces, calibration) -> None:  # type: ignore[no-untyped-def]
+    trace = min((t for t in traces if len(t["cloud"]) > 4), key=lambda t: len(t["cloud"]))
+    n = len(trace["cloud"])
+    # the cloud writes it all, a check a token, nothing sent but the prompt: all-cloud's bill
+    opened = bench.replay(trace, 0.7, lambda rate, ms: 15, calibration, 0.0, opening=n, read_ms=3.0)
+    assert opened["checks"] == n and opened["billed"] == pytest.approx(1.0)
+    drafted = bench.replay(trace, 0.7, lambda rate, ms: 15, calibration, 0.0, opening=1, read_ms=3.0)
+    assert drafted["checks"] < n
+    # the shipped opening: within what was chosen held out by family on the machine it was measured on, within
+    # verified mode's bars on the cloud's passes (pooled) and the bill (p50) over every answer
+    report = json.loads((BENCH / "results" / f"{bench._files(DEFAULT_DRAFT_MODEL, 'epyc-k31')[2]}_opening.json")
+                        .read_text())
+    shipped = CollabSettings().opening_tokens
+    rtt0 = report["by_rtt"]["0"]
+    chosen = rtt0["held_out_by_family"]["opening_chosen_by_family"].values()  # short answers' families choose
+    assert min(chosen) <= shipped <= max(chosen)                                # more, long answers' fewer
+    row = rtt0["in_suite"][str(shipped)]
+    assert row["server_passes_pooled"] <= report["max_passes"] and row["billed_vs_all_cloud_p50"] <= report["max_billed"]
+    assert row["e2e_vs_all_cloud_p50"] < rtt0["in_suite"]["1"]["e2e_vs_all_cloud_p50"]

@@ -134,18 +134,23 @@ def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str, over
     assert text(piped) == text(strict)
 
 
-def test_a_cloud_killed_while_the_edge_is_ahead_leaves_the_edge_to_finish(edge: Backend, smollm2_path: Path) -> None:
+@pytest.mark.parametrize("collab, kill_after, max_tokens", [
+    ({"overlap": True}, 6, 80),  # the edge drafts ahead while checks are out
+    ({"overlap": False, "opening_tokens": 12}, 3, 40),  # the sides take turns: the cloud is opening the answer
+], ids=["while-the-edge-is-ahead", "during-the-opening"])
+def test_a_cloud_killed_mid_answer_leaves_the_edge_to_finish(edge: Backend, smollm2_path: Path, collab: dict[str, Any],
+                                                             kill_after: int, max_tokens: int) -> None:
     proc = ServeProcess(str(smollm2_path), api_key=KEY).start()
     try:
-        with client(edge, proc.url, SERVED, overlap=True) as c:  # the edge drafts ahead while checks are out
+        with client(edge, proc.url, SERVED, **collab) as c:
             chunks: list[ChatCompletionChunk] = []
             stream = c.chat.completions.create(messages=[{"role": "user", "content": "Write a story about a fox."}],
-                                               max_tokens=80, temperature=0, stream=True)
+                                               max_tokens=max_tokens, temperature=0, stream=True)
             for chunk in stream:
                 chunks.append(chunk)
-                if sum(bool(ch.text) for ch in chunks) == 6 and proc.proc.poll() is None:
+                if sum(bool(ch.text) for ch in chunks) == kill_after and proc.proc.poll() is None:
                     proc.kill()
-            alone = ask(c, "Write a story about a fox.", route="edge", collab="off", max_tokens=80)
+            alone = ask(c, "Write a story about a fox.", route="edge", collab="off", max_tokens=max_tokens)
     finally:
         proc.stop()
     final = chunks[-1]
@@ -156,6 +161,8 @@ def test_a_cloud_killed_while_the_edge_is_ahead_leaves_the_edge_to_finish(edge: 
     assert final.usage.completion_tokens == alone[-1].usage.completion_tokens
     assert final.route.tokens["edge"] + final.route.tokens["cloud"] == final.usage.completion_tokens
     assert sum(ch.choices[0].finish_reason is not None for ch in chunks if ch.choices) == 1
+    if "opening_tokens" in collab:  # the cloud wrote what it opened before it died, the edge the rest
+        assert kill_after <= final.route.tokens["cloud"] < collab["opening_tokens"] and final.route.tokens["edge"] > 0
 
 
 def test_a_check_nobody_reads_is_dropped(edge: Backend, cloud: str) -> None:
@@ -199,6 +206,41 @@ def test_failed_checks_count_on_the_breaker_and_an_open_one_is_not_asked(edge: B
     cloud = f"{proc.url}/v1" if not proc.url.endswith("/v1") else proc.url
     assert half_open[cloud] == "closed" and opened[cloud] == "open"
     assert third[-1].route.fallbacks == [] and third[-1].route.cloud_calls == 0 and text(third)
+
+
+class CountsDrafts(WrongDrafts):
+    """The wrong edge, counting the blocks it drafts."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
+        self.blocks = 0
+
+    def draft(self, tokens: list[int], k: int, picker: Any = None, **kw: Any) -> list[int]:
+        self.blocks += 1
+        return super().draft(tokens, k, picker, **kw)
+
+
+def test_the_sides_taking_turns_the_cloud_opens_the_answer_and_a_short_one_is_its_alone(edge: Backend,
+                                                                                        cloud: str) -> None:
+    counting = CountsDrafts(edge)
+    with client(counting, cloud, overlap=False) as c:
+        for prompt in PROMPTS[:2]:
+            alone = ask(c, prompt, route="cloud", collab="off")
+            strict = ask(c, prompt, collab={"mode": "verified", "pipeline": False})
+            opened = ask(c, prompt, collab={"mode": "verified", "opening_tokens": 6})
+            assert text(opened) == text(strict) == text(alone), prompt
+            shown = [ch.route.target for ch in opened if ch.text]
+            assert shown[:6] == ["cloud"] * 6 and "edge" in shown[6:]  # then the edge's drafts, checked
+            assert opened[-1].usage.completion_tokens == strict[-1].usage.completion_tokens
+            # an answer no longer than the opening: the cloud wrote it, one pass a token, the edge drafted nothing
+            before = counting.blocks
+            short = ask(c, prompt, max_tokens=5, collab={"mode": "verified", "opening_tokens": 8})
+            final = short[-1]
+            assert counting.blocks == before and text(short) and text(alone).startswith(text(short))
+            assert final.route.tokens == {"edge": 0, "cloud": final.usage.completion_tokens}
+            assert final.route.cloud_calls == final.cost.cloud_passes == final.usage.completion_tokens
+            # the prompt is the only input: each later check sends nothing (the server holds its own tokens)
+            assert final.cost.cloud_input_tokens == final.usage.prompt_tokens
 
 
 @pytest.mark.parametrize("overlap", [True, False])

@@ -35,7 +35,10 @@ edge has read it (``collab.cloud_first_token``): the cloud's prefill runs while 
 and drafts, and the first token shown is the cloud's own greedy first token, so the answer
 starts no later than the cloud's alone. Against a cloud that shares this process's CPUs
 (``collab.overlap`` unset, :func:`shares_cpu`) the sides take turns instead: strict rounds,
-opened by the prompt's check. The text is the same as with strict rounds (draft, then
+opened by the cloud: the prompt's check and a check without drafts for each of the answer's next
+tokens up to ``collab.opening_tokens``, before the edge reads the prompt. There the edge's read
+and its first round cost ~0.2 s the cloud alone would not spend, so an answer that short ends at
+the cloud's own pace, and a longer one pays a pass a token opened. The text is the same as with strict rounds (draft, then
 wait for the check): only when each check is sent changes, never what is kept. A check that
 fails while the edge is ahead leaves the edge to finish (``route.fallbacks``); a check whose
 answer is no longer wanted (the caller stopped reading, the edge failed) is dropped.
@@ -290,12 +293,12 @@ class DraftAndCheck(SharedAnswer):
         draft_s, round_s = 0.02, 0.1  # replaced by measurements after the first round
         floor = self._floor()
         k = self.settings.draft_max if floor > 0 else max(self.draft_min, min(self.settings.draft_max, 4))
-        opening, measured = cloud_first, False
+        opening, measured = self.settings.opening_tokens if cloud_first else 0, False
         while len(ids) < budget and self.finish is None:
             started = time.perf_counter()
             block: list[int] = []
-            if opening:  # the prompt's check: nothing drafted yet
-                opening = False
+            if len(ids) < opening:  # the prompt's check, and the cloud's next tokens: nothing drafted yet
+                pass
             else:
                 if self.trust is not None:  # the edge writes on while it is sure
                     yield from self._sure_run(prompt, ids, budget, edge_part, block)
@@ -320,6 +323,8 @@ class DraftAndCheck(SharedAnswer):
                     measured = measured or bool(block)
                     round_s = 0.7 * round_s + 0.3 * (time.perf_counter() - started - edge_s)
             written = [*(("edge", t) for t in kept), *((("cloud", extra),) if extra is not None else ())]
+            if not written:  # the cloud did not answer a check without drafts: the edge drafts from here
+                opening = 0
             for side, token in written:
                 yield from self._write(side, token, ids, edge_part if side == "edge" else cloud_part, budget)  # type: ignore[arg-type]
                 if self.finish is not None or len(ids) >= budget:
