@@ -38,8 +38,9 @@ starts no later than the cloud's alone. Against a cloud that shares this process
 opened by the cloud: the prompt's check and a check without drafts for each of the answer's next
 tokens up to ``collab.opening_tokens``, before the edge reads the prompt. There the edge's read
 and its first round cost ~0.2 s the cloud alone would not spend, so an answer that short ends at
-the cloud's own pace, and a longer one pays a pass a token opened. The text is the same as with strict rounds (draft, then
-wait for the check): only when each check is sent changes, never what is kept. A check that
+the cloud's own pace, and a longer one pays a pass a token opened. The text is the same as with
+strict rounds (draft, then wait for the check): only when each check is sent changes, never what
+is kept. A check that
 fails while the edge is ahead leaves the edge to finish (``route.fallbacks``); a check whose
 answer is no longer wanted (the caller stopped reading, the edge failed) is dropped.
 
@@ -284,8 +285,9 @@ class DraftAndCheck(SharedAnswer):
 
     def _answer(self, cloud_first: bool = False) -> Iterator[ChatCompletionChunk]:
         """Strict rounds: the edge drafts a block, then waits for its check. ``cloud_first``: the
-        first check carries the prompt alone, before the edge reads it (the sides take turns on
-        the CPUs and the first token shown is the cloud's)."""
+        cloud opens the answer before the edge reads the prompt, the prompt's check and then a
+        check without drafts a token, ``collab.opening_tokens`` in all (the sides take turns on
+        the CPUs; the first token shown is the cloud's, and a short answer is the cloud's alone)."""
         edge = self.drafter
         prompt, budget, edge_part, cloud_part = self._start()
         ids: list[int] = []
@@ -297,9 +299,7 @@ class DraftAndCheck(SharedAnswer):
         while len(ids) < budget and self.finish is None:
             started = time.perf_counter()
             block: list[int] = []
-            if len(ids) < opening:  # the prompt's check, and the cloud's next tokens: nothing drafted yet
-                pass
-            else:
+            if len(ids) >= opening:  # (before: the cloud opens the answer, checks without drafts)
                 if self.trust is not None:  # the edge writes on while it is sure
                     yield from self._sure_run(prompt, ids, budget, edge_part, block)
                     if self.finish is not None or len(ids) >= budget or not block:
