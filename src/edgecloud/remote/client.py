@@ -92,7 +92,8 @@ from ..runtime.coupling import WIRE_FIELDS as COUPLED_FIELDS
 from ..runtime.held import WIRE_FIELDS as HELD_FIELDS
 from ..runtime.held import HeldGrammar
 from ..runtime.scoring import Scored, TokenScore, TokenSession
-from .wire import EventReader, error_fields, translate, usage_counts, wait_hint
+from .scored import read_scored
+from .wire import EventReader, error_fields, translate, wait_hint
 from ..types import (
     ChatCompletion,
     ChatCompletionChunk,
@@ -552,28 +553,9 @@ class CloudBackend(Backend):
         not sent back; ``session.held`` says what it holds."""
         logprobs, answer = self._scoring(tokens, start, top_n, True, session, coupling, grammar,
                                          keep_verified and session is not None)
-        raw_tokens, raw_lps, raw_tops = logprobs["tokens"], logprobs["token_logprobs"], logprobs["top_logprobs"]
-        picks = logprobs.get("picks") if coupling is not None or grammar is not None else None
-
-        def token_id(name: str) -> int:
-            if not name.startswith("token_id:"):
-                said = f"{self.base_url} does not name tokens by id (return_tokens_as_token_ids)"
-                self.capabilities.refuse("token_ids", said)
-                raise ExtensionUnsupportedError(f"{said}; cannot verify drafts", extension="token_ids")
-            return int(name[len("token_id:"):])
-
-        scores = []
-        for i in range(start, len(tokens) + 1):
-            top = sorted(((token_id(k), float(v)) for k, v in (raw_tops[i] or {}).items()), key=lambda kv: -kv[1])
-            pick = int(picks[i]) if picks is not None and i < len(picks) and picks[i] is not None else None
-            scores.append(TokenScore(token=token_id(raw_tokens[i]), logprob=float(raw_lps[i] or 0.0),
-                                     top=top[:max(1, top_n)], pick=pick))
-        usage = usage_counts(answer.get("usage") or {})
-        verified = answer.get("verified") if session is not None and session.supported else None
-        kept = ((int(verified["accepted"]), int(verified["token"]))
-                if isinstance(verified, dict) and {"accepted", "token"} <= verified.keys() else None)
-        return Scored(scores[:-1], scores[-1], sent=usage["prompt_tokens"], cached=usage["cached_tokens"],
-                      held=int((answer.get("usage") or {}).get("context_tokens") or 0), verified=kept)
+        sampled = coupling is not None or grammar is not None
+        return read_scored(logprobs, answer, tokens, start=start, top_n=top_n, picked=sampled,
+                           session=session, capabilities=self.capabilities, url=str(self.base_url))
 
     def _probe(self, name: Capability) -> None:
         """Learn ``name`` with one cheap request (a few tokens in, one out); what a real request
