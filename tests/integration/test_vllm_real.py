@@ -201,6 +201,32 @@ def test_a_check_that_keeps_what_it_verified_is_not_sent_the_clouds_token_back(v
     assert [s.top[0][0] for s in checked.scores] == [s.top[0][0] for s in whole.scores]
 
 
+def test_a_check_without_drafts_sends_no_token_and_continues_vllms_session(vllm_url: str) -> None:
+    """The plugin says the session ``resumes``: a check without drafts (the cloud opening an
+    answer) sends no token ids and gets vLLM's next greedy token after what it holds, the one a
+    whole context recomputed gives."""
+    from edgecloud.runtime.scoring import TokenSession
+
+    context = list(range(1000, 1000 + 300))
+    with CloudBackend(vllm_url, MODEL, api_key=KEY) as cloud:
+        session = TokenSession()
+        opened = cloud.score_in(session, context, start=len(context), keep_verified=True)
+        assert session.resumes is True
+        written = [opened.next.token]
+        for _ in range(2):
+            at = len(context) + len(written)
+            later = cloud.score_in(session, context + written, start=at, keep_verified=True)
+            assert later.sent == 0 and session.held == at + 1
+            whole = cloud.score_in(None, context + written, start=at)
+            assert later.next.token == whole.next.token
+            written.append(later.next.token)
+    empty = httpx.post(f"{vllm_url}/v1/completions", json={
+        "model": MODEL, "prompt": [], "max_tokens": 1, "echo": True, "logprobs": 1, "return_tokens_as_token_ids": True,
+        "score_from": 1, "session": {"id": "nothing-held", "base": 0}}, headers={"Authorization": f"Bearer {KEY}"},
+        timeout=60)
+    assert empty.status_code == 400  # nothing sent and nothing held
+
+
 def test_a_bad_session_or_score_from_is_a_400_naming_it(vllm_url: str) -> None:
     check = {"model": MODEL, "prompt": [1, 2, 3, 4], "max_tokens": 1, "echo": True, "logprobs": 1,
              "return_tokens_as_token_ids": True}

@@ -21,7 +21,10 @@ logprobs of its block only, so this plugin gives vLLM what ``edgecloud serve`` d
   client sends its whole context again, and the answer is unchanged. With
   ``session.keep_verified`` (a check by token id, ``score_from`` set) the session holds only the
   drafts vLLM's greedy choices agree with and its own token after them, named in the answer's
-  ``verified: {"accepted", "token"}``, so the client does not send that token back.
+  ``verified: {"accepted", "token"}``, so the client does not send that token back. A check
+  without drafts sends no token ids at all (``prompt: []``, ``base`` what is held): it asks for
+  the token after what the session holds, one pass over the cache, and the answer says the
+  session ``resumes`` so.
 
 Other requests are untouched. ``edgecloud serve --engine vllm`` puts this folder on vLLM's
 ``PYTHONPATH``, and vLLM loads the plugin in each of its processes (``vllm.general_plugins``, the
@@ -147,7 +150,8 @@ def _patch_outputs(module: ModuleType) -> None:
 
 
 def _token_ids(prompt: Any) -> list[int] | None:
-    if isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    """A prompt of token ids (``[]`` too: a check without drafts that continues a session)."""
+    if isinstance(prompt, list) and all(_is_int(t) for t in prompt):
         return list(prompt)
     return None
 
@@ -182,6 +186,8 @@ def _patch_completion_serving(module: ModuleType) -> None:
             return self.create_error_response(ref if isinstance(ref, str) else "score_from must be a position >= 0",
                                               param="session" if isinstance(ref, str) else "score_from")
         base = ref[1] if ref is not None else 0
+        if not prompt and not base:  # nothing sent and nothing held: vLLM says what is missing
+            return await create(self, request, raw_request)
         context = prompt
         if ref is not None and base:
             held = SESSIONS.held(ref[0])
@@ -288,7 +294,8 @@ def _shape(answer: Any, context: list[int], base: int, echoed: bool, session_id:
         usage.total_tokens -= base
         usage.context_tokens = base
     if session_id is not None:
-        answer.session = {"id": session_id, "tokens": len(context) if held is None else held}
+        # (``resumes``: a request may send no token ids and continue from what is held)
+        answer.session = {"id": session_id, "tokens": len(context) if held is None else held, "resumes": True}
 
 
 # -- loading -----------------------------------------------------------------------------------------
