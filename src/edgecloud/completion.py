@@ -18,6 +18,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
     SerializerFunctionWrapHandler,
     computed_field,
     model_serializer,
@@ -140,7 +141,7 @@ class FallbackEvent(BaseModel):
 NoteCode = Literal[
     "privacy", "pii", "pinned", "unavailable", "context", "score", "cascade", "only_side",
     "structured_one_side", "tools_one_side", "edge_starts", "collab_mode", "pii_no_verify", "cascade_accepted",
-    "verified_rounds", "checks_ahead", "policy", "budget", "session", "probe", "sampling",
+    "verified_rounds", "checks_ahead", "cloud_opening", "policy", "budget", "session", "probe", "sampling",
 ]
 
 
@@ -281,6 +282,9 @@ class ChatCompletionChunk(Envelope):
     usage: Usage | None = None
     route: RouteInfo | None = None
     cost: CostInfo | None = None
+    #: The token ids this chunk's text came from, where a server engine was asked for them (a text
+    #: completion's ``return_token_ids``); never part of a chat chunk's JSON.
+    _token_ids: list[int] | None = PrivateAttr(default=None)
 
     @property
     def text(self) -> str:

@@ -106,6 +106,7 @@ def test_the_cloud_client_reads_the_scores_back(scoring_server: tuple[str, Any])
     ({"prompt": [], "echo": True, "logprobs": 1, "max_tokens": 1}, "prompt"),  # nothing to continue
     ({"prompt": [], "echo": True, "logprobs": 1, "max_tokens": 1, "session": {"id": "s", "base": 0}}, "prompt"),
     ({"prompt": [], "max_tokens": 4}, "prompt"),
+    ({"prompt": [1, 2], "max_tokens": 4, "return_token_ids": "yes"}, "return_token_ids"),
 ])
 def test_bad_scoring_requests_are_400s_naming_the_field(scoring_server: tuple[str, Any], body: dict[str, Any],
                                                          param: str) -> None:
@@ -205,14 +206,20 @@ def test_a_check_that_keeps_what_it_verified_holds_its_own_token_and_nothing_is_
     assert plain["session"]["tokens"] == len(ids) + 1 and plain.get("verified") is None
 
 
+def _greedy(url: str, ids: list[int], n: int) -> list[int]:
+    """The model's own continuation of ``ids``, ``n`` tokens, a token at a time, whole contexts sent."""
+    greedy: list[int] = []
+    for _ in range(n):
+        answer = _post(url, {"prompt": ids + greedy, "score_from": len(ids) + len(greedy)}).json()
+        greedy.append(int(answer["choices"][0]["logprobs"]["tokens"][-1].split(":")[1]))
+    return greedy
+
+
 def test_a_check_without_drafts_continues_from_what_the_session_holds_and_bills_no_input(
         scoring_server: tuple[str, Any]) -> None:
     url, backend = scoring_server
     ids = backend.tokenize_text(TEXT)
-    greedy: list[int] = []  # the model's own continuation, a token at a time, whole contexts sent
-    for _ in range(3):
-        answer = _post(url, {"prompt": ids + greedy, "score_from": len(ids) + len(greedy)}).json()
-        greedy.append(int(answer["choices"][0]["logprobs"]["tokens"][-1].split(":")[1]))
+    greedy = _greedy(url, ids, 3)
     passes = _metric(url, "forward_passes_total")
     body = {"prompt": ids, "session": {"id": "open-1", "keep_verified": True}, "score_from": len(ids)}
     first = _post(url, body).json()  # the prompt's check: the server holds the prompt and its first token
@@ -226,6 +233,35 @@ def test_a_check_without_drafts_continues_from_what_the_session_holds_and_bills_
         assert later["session"]["tokens"] == held + 1
         held = later["session"]["tokens"]
     assert _metric(url, "forward_passes_total") - passes == 3  # a pass each, as its own decoding takes
+
+
+def test_a_generation_streams_the_token_ids_it_writes_and_its_session_holds_them(
+        scoring_server: tuple[str, Any]) -> None:
+    """``return_token_ids`` (vLLM's field): each streamed chunk names the tokens its text came from;
+    in a session the server then holds them too and says so, so a check after it sends only its
+    drafts (how the cloud opens a verified answer: :mod:`edgecloud.remote.opening`)."""
+    from edgecloud.remote.client import CloudBackend
+    from edgecloud.runtime.scoring import TokenSession
+
+    url, backend = scoring_server
+    ids = backend.tokenize_text(TEXT)
+    greedy = _greedy(url, ids, 6)
+    chunks = list(api(url).completions.create(model="m", prompt=ids, max_tokens=5, temperature=0, stream=True,
+                                              extra_body={"return_token_ids": True}))
+    assert [t for c in chunks for t in (c.choices[0].token_ids or [])] == greedy[:5]
+    assert "".join(c.choices[0].text for c in chunks) == b"".join(backend.token_bytes(t) for t in greedy[:5]).decode()
+    with CloudBackend(url, "m", api_key=KEY) as cloud:
+        session = TokenSession()
+        stream = cloud.generate_in(session, ids, 5)
+        assert list(stream) == greedy[:5] and stream.finish == "length"
+        assert stream.generated == 5 and stream.sent == len(ids)
+        assert session.supported is True and session.held == len(ids) + 5 and session.resumes is True
+        draft = [greedy[5], greedy[0]]  # the next token, then one it will not take
+        passes = _metric(url, "forward_passes_total")
+        checked = cloud.score_in(session, ids + greedy[:5] + draft, start=len(ids) + 5, keep_verified=True)
+    assert checked.sent == len(draft) and checked.verified is not None and checked.verified[0] >= 1
+    assert _metric(url, "forward_passes_total") - passes == 1  # the slot holds what it generated: one pass
+    assert cloud.capabilities.known("stream_ids") is True
 
 
 def test_a_scored_prompt_read_from_the_prefix_cache_is_reported_cached(scoring_server: tuple[str, Any]) -> None:

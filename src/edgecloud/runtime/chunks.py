@@ -120,6 +120,9 @@ class AnswerChunks:
         self._ignore_eos = request.ignore_eos
         self._want_logprobs = bool(request.logprobs)
         chat = request if isinstance(request, ChatRequest) else None
+        #: A text completion's ``return_token_ids``: each chunk names the token ids its text came from.
+        self._want_ids = chat is None and bool(request.return_token_ids)
+        self._ids: list[int] = []
         self._top_n = (chat.top_logprobs or 0) if chat is not None and request.logprobs else 0
         self._text = TextStream(request.stop_sequences)
         mode = chat.tool_mode if chat is not None else None
@@ -143,7 +146,7 @@ class AnswerChunks:
         if self._want_logprobs and (self._pending or finish is not None):
             logprobs = ChoiceLogprobs(content=list(self._pending))
             self._pending.clear()
-        return ChatCompletionChunk(
+        chunk = ChatCompletionChunk(
             id=self.id,
             created=self.created,
             model=self.model,
@@ -151,6 +154,9 @@ class AnswerChunks:
             usage=usage,
             route=self.route if finish is not None or delta.role else None,
         )
+        if self._want_ids and (self._ids or finish is not None):  # (tokens whose text is held back wait for it)
+            chunk._token_ids, self._ids = self._ids, []
+        return chunk
 
     def start(self) -> ChatCompletionChunk:
         """The role chunk (with the route)."""
@@ -172,6 +178,8 @@ class AnswerChunks:
             self.finish_reason, self.done = "stop", True
             return []
         self.generated += 1
+        if self._want_ids:
+            self._ids.append(token)
         if self._stats is not None:
             self._stats.completion_tokens += 1
         if self._want_logprobs:

@@ -136,6 +136,9 @@ class CompletionRequest(_Validated):
     user: Text | None = None
     #: vLLM's extension: keep generating past end-of-generation tokens.
     ignore_eos: bool = False
+    #: vLLM's extension: each choice names the token ids it generated (``token_ids``; streamed:
+    #: those of each chunk's text). In a session the server then holds them too, and says so.
+    return_token_ids: bool = False
     #: edgecloud's extension: continue a token session (the prompt must be token ids).
     session: SessionRef | None = None
     #: edgecloud's extension: with ``echo``, pick each scored position's token with this shared-noise
@@ -269,6 +272,8 @@ class CompletionChoice(BaseModel):
     text: str = ""
     logprobs: CompletionLogprobs | None = None
     finish_reason: FinishReason | None = None
+    #: The generated token ids (``return_token_ids``; streamed: those of this chunk).
+    token_ids: list[int] | None = None
 
 
 class Completion(Envelope):

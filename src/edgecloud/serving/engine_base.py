@@ -311,6 +311,7 @@ class _TextShape:
             return []
         return [Completion(
             id=self.id, created=chunk.created, model=chunk.model,
-            choices=[CompletionChoice(text=choice.delta.content or "", finish_reason=choice.finish_reason)],
+            choices=[CompletionChoice(text=choice.delta.content or "", finish_reason=choice.finish_reason,
+                                      token_ids=chunk._token_ids)],
             usage=chunk.usage, route=chunk.route if choice.finish_reason is not None else None,
         )]

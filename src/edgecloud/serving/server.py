@@ -344,7 +344,7 @@ def create_app(
             if ref is not None and context is not None:
                 body = body.model_copy(update={"prompt": context, "session": None})
                 sessions.hold(ref.id, context)
-            chunks = _observed(_in_session(backend.astream_completion(body), ref))
+            chunks = _observed(_in_session(backend.astream_completion(body), ref, context))
             if not body.stream:
                 return Response((await _collect_text(chunks)).model_dump_json(), media_type="application/json")
             return await _start_stream(chunks, body.stream_options)
@@ -369,8 +369,12 @@ def create_app(
             scored.session = SessionInfo(id=ref.id, tokens=len(context), resumes=True)
         return Response(scored.model_dump_json(), media_type="application/json")
 
-    async def _in_session(chunks: AsyncIterator[Completion], ref: SessionRef | None) -> AsyncIterator[Completion]:
-        """A session's generation: usage counts only the tokens sent (the held ones as context)."""
+    async def _in_session(chunks: AsyncIterator[Completion], ref: SessionRef | None,
+                          context: list[int] | None) -> AsyncIterator[Completion]:
+        """A session's generation: usage counts only the tokens sent (the held ones as context).
+        Asked for its token ids (``return_token_ids``), the session then holds what was generated
+        too, and the last chunk says what it holds (the next request sends only what follows)."""
+        generated: list[int] | None = [] if ref is not None and context is not None else None
         try:
             async for chunk in chunks:
                 if ref is not None and chunk.usage is not None:
@@ -378,6 +382,13 @@ def create_app(
                     chunk.usage = chunk.usage.model_copy(update={
                         "prompt_tokens": chunk.usage.prompt_tokens - held, "context_tokens": held,
                         "total_tokens": chunk.usage.total_tokens - held})
+                choice = chunk.choices[0] if chunk.choices else None
+                if generated is not None and choice is not None and choice.token_ids is not None:
+                    generated += choice.token_ids
+                    if choice.finish_reason is not None:
+                        assert ref is not None and context is not None
+                        sessions.hold(ref.id, context + generated)
+                        chunk.session = SessionInfo(id=ref.id, tokens=len(context) + len(generated), resumes=True)
                 yield chunk
         finally:
             await aclose_stream(chunks)
@@ -404,13 +415,15 @@ def create_app(
             await chunks.aclose()  # type: ignore[attr-defined]
 
     async def _collect_text(chunks: AsyncIterator[Completion]) -> Completion:
-        parts, last = [], None
+        parts, ids, last = [], [], None
         async for chunk in chunks:
             last = chunk
             parts.extend(choice.text for choice in chunk.choices)
+            ids.extend(t for choice in chunk.choices for t in choice.token_ids or ())
         if last is None:
             raise InvalidRequestError("the backend produced no answer")
-        choice = last.choices[0].model_copy(update={"text": "".join(parts)})
+        choice = last.choices[0].model_copy(update={"text": "".join(parts), **(
+            {"token_ids": ids} if last.choices[0].token_ids is not None else {})})
         return last.model_copy(update={"model": model_name, "choices": [choice]})
 
     async def _first(chunks: AsyncIterator[Any]) -> Any:
