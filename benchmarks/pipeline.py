@@ -60,6 +60,11 @@ PINS: dict[str, dict[str, Any]] = {
     "two-in-flight": {"collab": {"checks_in_flight": 2}},  # pipelined, the next check sent ahead on a sure bet
     "no-floor": {"collab": {"draft_confidence": 0}},  # the defaults before blocks ended where the edge is unsure
     "opening-1": {"collab": {"opening_tokens": 1}},  # the sides taking turns: the cloud writes the first token only
+    "opening-8": {"collab": {"opening_tokens": 8}},  # the sides taking turns: the cloud writes the first 8 tokens
+    # the edge drafting during checks: the cloud streams no opening (the prompt's check gives its first token),
+    # or the first 16 tokens
+    "stream-0": {"collab": {"stream_opening": 0}},
+    "stream-16": {"collab": {"stream_opening": 16}},
     "token": {"collab": "token"},
     "verified": {},
 }

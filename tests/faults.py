@@ -272,7 +272,7 @@ def ignoring(target: str, fields: tuple[str, ...], marker: str) -> Iterator[str]
     """Fault injection: a proxy (its API root) that passes everything on to ``target`` but treats a
     check as a server that ignores fields it does not know (vLLM does): ``fields`` are dropped from
     ``/v1/completions`` requests (a sampled check goes greedy) and ``marker`` and the picks from
-    the answers."""
+    the answers (a streamed answer is passed on as it came)."""
     import httpx
     from fastapi import FastAPI, Request
     from fastapi.responses import Response
@@ -295,7 +295,7 @@ def ignoring(target: str, fields: tuple[str, ...], marker: str) -> Iterator[str]
                                         headers={"authorization": request.headers.get("authorization", ""),
                                                  "content-type": "application/json"})
         content = answer.content
-        if dropped and answer.status_code == 200:
+        if dropped and answer.status_code == 200 and answer.headers.get("content-type", "").startswith("application/json"):
             got = json.loads(content)
             got.pop(marker, None)
             got["choices"][0]["logprobs"].pop("picks", None)

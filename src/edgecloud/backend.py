@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "SYNC_WORKERS", "Backend", "ChatTokenizer", "Drafter", "SerialBackend", "SessionBackend", "TemplatedBackend",
-    "TokenScorer", "Verifier",
+    "GeneratedTokens", "Opener", "TokenScorer", "Verifier",
     "aclose_stream",
     "close_stream", "iterate_in_worker", "refuse_speculation",
 ]
@@ -390,4 +390,28 @@ class Verifier(Protocol):
     def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
         """The prompt token ids the endpoint evaluates for ``messages`` (ExtensionUnsupportedError
         when it cannot say)."""
+        ...
+
+
+class GeneratedTokens(Protocol):
+    """A streamed generation by token id (:class:`Opener`): iterate it for the ids; once exhausted,
+    ``finish`` says how it ended ("stop": the model ended the answer) and the counts what it cost."""
+
+    finish: str | None
+    sent: int
+    cached: int
+    generated: int
+
+    def __iter__(self) -> Iterator[int]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Opener(Protocol):
+    """An endpoint that streams its own greedy continuation of token ids, by id, in a token session
+    (the cloud opening a verified answer: :mod:`edgecloud.remote.opening`)."""
+
+    def generate_in(self, session: TokenSession | None, tokens: list[int], max_tokens: int) -> GeneratedTokens:
+        """The endpoint's greedy continuation of ``tokens``, up to ``max_tokens``, by token id."""
         ...

@@ -26,6 +26,9 @@ The extensions:
 * ``tokenize`` - says which prompt token ids it evaluates for a conversation (``POST /tokenize``
   with ``messages`` and ``tools``: ``edgecloud serve``, vLLM), so verified mode drafts for the
   cloud's own rendering of the prompt where the two chat templates differ;
+* ``stream_ids`` - streams its greedy continuation of token ids with the ids it generates
+  (``return_token_ids``: ``edgecloud serve``, vLLM), so the cloud can open a verified answer
+  at its own pace (:mod:`edgecloud.remote.opening`);
 * ``continue`` - continues a partial assistant message (``continue_final_message``: vLLM,
   ``edgecloud serve``; hosted chat APIs answer 400);
 * ``logprobs``, ``tools``, ``json_schema`` - the chat request's own fields of those names.
@@ -39,8 +42,8 @@ from typing import Literal, get_args
 
 __all__ = ["CAPABILITIES", "Capabilities", "Capability"]
 
-Capability = Literal["score", "token_ids", "sessions", "coupling", "grammar", "tokenize", "continue", "logprobs",
-                     "tools", "json_schema"]
+Capability = Literal["score", "token_ids", "sessions", "coupling", "grammar", "tokenize", "stream_ids", "continue",
+                     "logprobs", "tools", "json_schema"]
 CAPABILITIES: tuple[str, ...] = get_args(Capability)
 
 

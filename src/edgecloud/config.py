@@ -280,11 +280,21 @@ class CollabSettings(_Section):
     opening_tokens: int = Field(
         4, ge=1, le=64,
         description="Verified mode where the sides take turns (a cloud on this process's CPUs), with "
-                    "cloud_first_token: the cloud writes the answer's first this-many tokens itself, one check "
-                    "without drafts each, before the edge reads the prompt. An answer that short ends at the "
+                    "cloud_first_token: the cloud writes the answer's first this-many tokens itself, streamed in one "
+                    "request (a cloud that streams token ids; else one check without drafts each), before the edge "
+                    "reads the prompt. An answer that short ends at the "
                     "cloud's own pace; only a longer one pays the edge's read of the prompt and its first round. "
                     "Each costs the cloud a pass and an output token billed; chosen held out by task family within "
                     "verified mode's bars on passes and bill (benchmarks/draft_stop.py opening). 1: the first only.",
+    )
+    stream_opening: int = Field(
+        8, ge=0, le=64,
+        description="Verified mode where the edge drafts while checks are out (a cloud on other CPUs), with "
+                    "cloud_first_token: the cloud streams the answer's first this-many tokens itself, in one "
+                    "request, at its own pace, while the edge reads the prompt and drafts past them; the checks "
+                    "start after them. An answer that short is the cloud's alone, as fast as asking it; each token "
+                    "costs the cloud a decoding step and an output token billed. Needs a cloud that streams token "
+                    "ids (edgecloud serve, vLLM; others: the prompt's check alone). 0: off.",
     )
     draft_confidence: float = Field(
         0.7, ge=0, le=1,

@@ -347,6 +347,9 @@ class CollabOptions(_Validated):
     checks_in_flight: int | None = Field(default=None, ge=1, le=2)
     #: Verified mode, the sides taking turns: the cloud writes the answer's first this-many tokens itself.
     opening_tokens: int | None = Field(default=None, ge=1, le=64)
+    #: Verified mode, the edge drafting while checks are out: the cloud streams the answer's first
+    #: this-many tokens itself (0: off).
+    stream_opening: int | None = Field(default=None, ge=0, le=64)
 
 
 class ChatRequest(_Validated):

@@ -76,7 +76,9 @@ def test_pipelined_rounds_write_the_strict_rounds_answer_token_for_token(edge: B
             assert final.route.tokens["cloud"] > 1  # the corrections of the wrong drafts
             assert final.route.noted("verified_rounds") is not None and not final.route.fallbacks
             # each check is one pass on both counters: the cloud's forward passes as the client counts them
-            assert final.cost.cloud_passes == final.route.cloud_calls
+            # (where the cloud streamed the opening, that request is a pass for each token it wrote)
+            opened = final.route.noted("cloud_opening")
+            assert final.cost.cloud_passes == final.route.cloud_calls + (int(opened.value or 1) - 1 if opened else 0)
 
 
 @pytest.mark.parametrize("wrong", [False, True], ids=["bets-hold", "bets-lost"])
@@ -137,12 +139,15 @@ def test_the_first_token_shown_is_the_clouds_own(edge: Backend, cloud: str, over
 @pytest.mark.parametrize("collab, kill_after, max_tokens", [
     ({"overlap": True}, 6, 80),  # the edge drafts ahead while checks are out
     ({"overlap": False, "opening_tokens": 12}, 3, 40),  # the sides take turns: the cloud is opening the answer
-], ids=["while-the-edge-is-ahead", "during-the-opening"])
+    ({"overlap": True, "stream_opening": 60}, 3, 80),  # the cloud is streaming the opening
+], ids=["while-the-edge-is-ahead", "during-the-opening", "during-the-streamed-opening"])
 def test_a_cloud_killed_mid_answer_leaves_the_edge_to_finish(edge: Backend, smollm2_path: Path, collab: dict[str, Any],
                                                              kill_after: int, max_tokens: int) -> None:
     proc = ServeProcess(str(smollm2_path), api_key=KEY).start()
     try:
         with client(edge, proc.url, SERVED, **collab) as c:
+            if "stream_opening" in collab:  # (a first answer shows the cloud holds token sessions)
+                ask(c, "Hi!", max_tokens=4, collab={"mode": "verified", "pipeline": False})
             chunks: list[ChatCompletionChunk] = []
             stream = c.chat.completions.create(messages=[{"role": "user", "content": "Write a story about a fox."}],
                                                max_tokens=max_tokens, temperature=0, stream=True)
@@ -161,8 +166,9 @@ def test_a_cloud_killed_mid_answer_leaves_the_edge_to_finish(edge: Backend, smol
     assert final.usage.completion_tokens == alone[-1].usage.completion_tokens
     assert final.route.tokens["edge"] + final.route.tokens["cloud"] == final.usage.completion_tokens
     assert sum(ch.choices[0].finish_reason is not None for ch in chunks if ch.choices) == 1
-    if "opening_tokens" in collab:  # the cloud wrote what it opened before it died, the edge the rest
-        assert kill_after <= final.route.tokens["cloud"] < collab["opening_tokens"] and final.route.tokens["edge"] > 0
+    opening = collab.get("opening_tokens", collab.get("stream_opening"))
+    if opening:  # the cloud wrote what it opened before it died, the edge the rest
+        assert kill_after <= final.route.tokens["cloud"] < opening and final.route.tokens["edge"] > 0
 
 
 def test_a_check_nobody_reads_is_dropped(edge: Backend, cloud: str) -> None:
@@ -232,14 +238,16 @@ def test_the_sides_taking_turns_the_cloud_opens_the_answer_and_a_short_one_is_it
             shown = [ch.route.target for ch in opened if ch.text]
             assert shown[:6] == ["cloud"] * 6 and "edge" in shown[6:]  # then the edge's drafts, checked
             assert opened[-1].usage.completion_tokens == strict[-1].usage.completion_tokens
-            # an answer no longer than the opening: the cloud wrote it, one pass a token, the edge drafted nothing
+            # an answer no longer than the opening: the cloud wrote it, one pass a token, the edge drafted nothing;
+            # streamed in one request (the cloud was seen to hold sessions by now)
             before = counting.blocks
             short = ask(c, prompt, max_tokens=5, collab={"mode": "verified", "opening_tokens": 8})
             final = short[-1]
             assert counting.blocks == before and text(short) and text(alone).startswith(text(short))
             assert final.route.tokens == {"edge": 0, "cloud": final.usage.completion_tokens}
-            assert final.route.cloud_calls == final.cost.cloud_passes == final.usage.completion_tokens
-            # the prompt is the only input: each later check sends nothing (the server holds its own tokens)
+            assert final.route.cloud_calls == 1 and final.cost.cloud_passes == final.usage.completion_tokens
+            assert final.route.noted("cloud_opening").value == final.usage.completion_tokens
+            # the prompt is the only input
             assert final.cost.cloud_input_tokens == final.usage.prompt_tokens
 
 
@@ -253,3 +261,46 @@ def test_a_cloud_down_at_the_first_check_leaves_the_whole_answer_to_the_edge(edg
     final = answer[-1]
     assert [f["cause"] for f in final.route.fallbacks] == ["connect"] and final.route.tokens["cloud"] == 0
     assert text(answer) == text(alone) and final.choices[0].finish_reason in ("stop", "length")
+
+
+def test_the_edge_drafting_during_checks_the_cloud_streams_the_opening_and_a_short_answer_is_its_alone(
+        edge: Backend, cloud: str) -> None:
+    """``collab.stream_opening``: against a cloud seen to hold token sessions, the cloud streams the
+    answer's first tokens in one request while the edge drafts; the checks go on after them and the
+    text is still the strict rounds' and the cloud's own."""
+    with client(WrongDrafts(edge), cloud, overlap=True) as c:
+        for prompt in PROMPTS[:2]:
+            alone = ask(c, prompt, route="cloud", collab="off")
+            strict = ask(c, prompt, collab={"mode": "verified", "pipeline": False})  # (shows the sessions held)
+            opened = ask(c, prompt, collab={"mode": "verified", "stream_opening": 6})
+            assert text(opened) == text(strict) == text(alone), prompt
+            shown = [ch.route.target for ch in opened if ch.text]
+            assert shown[:6] == ["cloud"] * 6 and "edge" in shown[6:]  # then the edge's drafts, checked
+            final = opened[-1]
+            assert final.route.noted("cloud_opening").value == 6
+            assert final.usage.completion_tokens == strict[-1].usage.completion_tokens
+            # one request for the opening (a pass a token), then a pass a check
+            assert final.cost.cloud_passes == final.route.cloud_calls - 1 + 6
+            short = ask(c, prompt, max_tokens=5, collab={"mode": "verified", "stream_opening": 8})
+            last = short[-1]
+            assert text(alone).startswith(text(short)) and last.usage.completion_tokens == 5
+            assert last.route.tokens == {"edge": 0, "cloud": 5} and last.route.cloud_calls == 1
+            assert last.cost.cloud_input_tokens == last.usage.prompt_tokens and last.cost.cloud_passes == 5
+
+
+def test_a_cloud_that_streams_no_token_ids_opens_the_answer_with_checks(edge: Backend, cloud: str) -> None:
+    """A server that streams text without the ids (a proxy drops ``return_token_ids``) is
+    remembered as such; the cloud opens the answer with a check without drafts a token instead,
+    and the text is the same."""
+    from faults import ignoring
+
+    with ignoring(cloud, ("return_token_ids",), "none") as plain, client(WrongDrafts(edge), plain, overlap=False) as c:
+        strict = ask(c, PROMPTS[0], collab={"mode": "verified", "pipeline": False})
+        opened = ask(c, PROMPTS[0], collab={"mode": "verified", "opening_tokens": 6})
+        again = ask(c, PROMPTS[0], collab={"mode": "verified", "opening_tokens": 6})
+        capabilities = c.stats()["clouds"][0]["capabilities"]
+    assert text(opened) == text(again) == text(strict)
+    for answer in (opened, again):
+        assert [ch.route.target for ch in answer if ch.text][:6] == ["cloud"] * 6
+        assert answer[-1].route.noted("cloud_opening") is None and not answer[-1].route.fallbacks
+    assert capabilities["stream_ids"] is False

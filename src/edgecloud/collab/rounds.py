@@ -2,7 +2,8 @@
 
 This module owns what :mod:`.verified` builds its rounds from: :class:`DraftLine` (the edge's
 greedy line past the written answer, drafted on while checks are out), :class:`Flight` (one check
-sent, its answer to come), :class:`RoundCost` (what a check costs on the user's clock, fitted
+sent, its answer to come), :class:`Opening` (the cloud's own first tokens, streamed by id while
+the edge drafts), :class:`RoundCost` (what a check costs on the user's clock, fitted
 over an answer's checks), :func:`shares_cpu` (whether a cloud computes on this process's CPUs, so
 the sides take turns), and :class:`EdgeFailed` (the edge's own failure, handed to the failover).
 """
@@ -10,21 +11,22 @@ the sides take turns), and :class:`EdgeFailed` (the edge's own failure, handed t
 from __future__ import annotations
 
 import ipaddress
+import queue
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-from ..backend import Drafter, close_stream
+from ..backend import Drafter, GeneratedTokens, close_stream
 from ..fallback import Attempt
 from ..runtime.coupling import Picker
 from ..runtime.hardware import cpu_budget
 from ..runtime.scoring import Scored, TokenSession
 from ..runtime.speculative import expected_tokens
 
-__all__ = ["DraftLine", "EdgeFailed", "Flight", "RoundCost", "edge_stream", "on_edge", "shares_cpu"]
+__all__ = ["DraftLine", "EdgeFailed", "Flight", "Opening", "RoundCost", "edge_stream", "on_edge", "shares_cpu"]
 
 T = TypeVar("T")
 
@@ -49,6 +51,41 @@ def edge_stream(tokens: Iterator[tuple[int, float]]) -> Iterator[tuple[int, floa
         yield from tokens
     except Exception as exc:  # noqa: BLE001 - the edge's own failure, handed to the failover
         raise EdgeFailed(exc) from exc
+
+
+class Opening:
+    """The cloud's first tokens of an answer (``tokens``, streamed by id), read on a worker of
+    ``pool`` while the edge drafts: :meth:`next` waits for the next token; None once the stream
+    ended, its failure raised."""
+
+    def __init__(self, attempt: Attempt, tokens: GeneratedTokens, pool: Executor) -> None:
+        self.attempt, self.tokens, self.started = attempt, tokens, time.perf_counter()
+        self._arrived: queue.SimpleQueue[int | BaseException | None] = queue.SimpleQueue()
+        self.delivered = 0
+        pool.submit(self._read)
+
+    def _read(self) -> None:
+        try:
+            for token in self.tokens:
+                self._arrived.put(token)
+            self._arrived.put(None)
+        except BaseException as exc:  # noqa: BLE001 - handed to the answer's thread
+            self._arrived.put(exc)
+
+    def ready(self) -> bool:
+        """Whether :meth:`next` would answer at once."""
+        return not self._arrived.empty()
+
+    def next(self) -> int | None:
+        item = self._arrived.get()
+        if isinstance(item, BaseException):
+            raise item
+        self.delivered += item is not None
+        return item
+
+    def abort(self) -> None:
+        """Stop reading (the server stops generating)."""
+        self.tokens.close()
 
 
 @dataclass

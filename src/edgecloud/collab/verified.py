@@ -30,15 +30,20 @@ that did not hold is dropped (the server refuses it, 409, where the check before
 what it computed otherwise is billed), and one that held is read as the next check, so the round
 trip and the server's idle time between checks leave the user's clock. On a CPU cloud that did not
 pay (the server computes between checks anyway; lost bets and the token each bet carries cost it
-work), so one check is out at a time by default. The first check carries the prompt alone and goes out before the
-edge has read it (``collab.cloud_first_token``): the cloud's prefill runs while the edge prefills
-and drafts, and the first token shown is the cloud's own greedy first token, so the answer
-starts no later than the cloud's alone. Against a cloud that shares this process's CPUs
-(``collab.overlap`` unset, :func:`shares_cpu`) the sides take turns instead: strict rounds,
-opened by the cloud: the prompt's check and a check without drafts for each of the answer's next
-tokens up to ``collab.opening_tokens``, before the edge reads the prompt. There the edge's read
-and its first round cost ~0.2 s the cloud alone would not spend, so an answer that short ends at
-the cloud's own pace, and a longer one pays a pass a token opened. The text is the same as with
+work), so one check is out at a time by default. The cloud opens the answer before the edge has
+read the prompt (``collab.cloud_first_token``): its prefill runs while the edge prefills and
+drafts, and the first token shown is the cloud's own greedy first token, so the answer starts no
+later than the cloud's alone. A cloud that streams token ids (``stream_ids``: ``edgecloud
+serve``, vLLM; :mod:`edgecloud.remote.opening`) and was seen to hold token sessions streams the
+answer's first ``collab.stream_opening`` tokens in that one request, at its own pace, while the
+edge drafts past them: an answer that short is the cloud's alone, with no round trip a token; the
+checks start after them. Elsewhere the first check carries the prompt alone. Against a cloud that
+shares this process's CPUs (``collab.overlap`` unset, :func:`shares_cpu`) the sides take turns
+instead: strict rounds, opened by the cloud: its first ``collab.opening_tokens`` tokens, streamed
+the same way (or the prompt's check and a check without drafts a token), before the edge reads
+the prompt. There the edge's read and its first round cost ~0.2 s the cloud alone would not
+spend, so an answer that short ends at the cloud's own pace, and a longer one pays a pass a token
+opened. The text is the same as with
 strict rounds (draft, then wait for the check): only when each check is sent changes, never what
 is kept. A check that
 fails while the edge is ahead leaves the edge to finish (``route.fallbacks``); a check whose
@@ -95,7 +100,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, ClassVar
 
 from ..answer import Part
-from ..backend import Backend, Drafter, Verifier, close_stream
+from ..backend import Backend, Drafter, Opener, Verifier, close_stream
 from ..errors import (ConfigError, ContextOverflowError, ExtensionUnsupportedError, InvalidRequestError,
                       SessionExpiredError, VocabularyMismatchError)
 from ..fallback import Attempt
@@ -107,7 +112,7 @@ from ..runtime.speculative import Acceptance, accept_prefix, best_k
 from ..runtime.text_stream import TextStream
 from ..types import ChatCompletionChunk, FinishReason
 from .auto import answer_coupling, may, unverifiable
-from .rounds import DraftLine, EdgeFailed, Flight, RoundCost, edge_stream, on_edge, shares_cpu
+from .rounds import DraftLine, EdgeFailed, Flight, Opening, RoundCost, edge_stream, on_edge, shares_cpu
 from .run import AnswerRun, SharedAnswer, SharedMode, register_mode
 
 __all__ = ["CheckedMode", "DraftAndCheck", "VerifiedMode", "can_score", "choose_k"]
@@ -296,6 +301,8 @@ class DraftAndCheck(SharedAnswer):
         floor = self._floor()
         k = self.settings.draft_max if floor > 0 else max(self.draft_min, min(self.settings.draft_max, 4))
         opening, measured = self.settings.opening_tokens if cloud_first else 0, False
+        if cloud_first and (yield from self._stream_opening(prompt, budget, opening, None, ids, cloud_part)):
+            opening = 0  # (the cloud streamed it; else a check without drafts for each token, below)
         while len(ids) < budget and self.finish is None:
             started = time.perf_counter()
             block: list[int] = []
@@ -349,6 +356,9 @@ class DraftAndCheck(SharedAnswer):
         void: list[Flight] = []  # sent ahead on bets that did not hold
         first = self.settings.cloud_first_token and budget > 0
         try:
+            if first and (yield from self._stream_opening(prompt, budget, self.settings.stream_opening, line, ids,
+                                                          cloud_part)):
+                first = False  # (the cloud opened the answer: the checks go on from its tokens)
             while len(ids) < budget and self.finish is None:
                 if flight is None:
                     left = budget - len(ids)
@@ -437,6 +447,86 @@ class DraftAndCheck(SharedAnswer):
         yield from self.emit("edge", self._stream.flush())
         self._rounds_done("pipelined rounds")
         yield from self.final(self.finish or "length")
+
+    def _opener(self, size: int) -> Attempt | None:
+        """The cloud that opens the answer by streaming its first ``size`` tokens (None: the prompt's
+        check opens it): one that streams token ids and was seen to hold token sessions (the
+        checks after the opening then send only what follows it), for a greedy, free answer."""
+        if size < 1 or not self._calls_left() or self.grammar is not None or not (
+                self.coupling is None or self.coupling.greedy):
+            return None
+        attempt = self.cloud_attempt()
+        if attempt is None:
+            return None
+        backend = attempt.backend
+        if isinstance(backend, Opener) and may(backend, "stream_ids") and backend.capabilities is not None \
+                and backend.capabilities.known("sessions") is True:
+            return attempt
+        attempt.breaker.release()
+        return None
+
+    def _stream_opening(self, prompt: list[int], budget: int, size: int, line: DraftLine | None, ids: list[int],
+                        part: Part) -> Iterator[ChatCompletionChunk]:
+        """The cloud opens the answer: it streams the answer's first ``size`` tokens in one request,
+        written as they arrive, at its own pace (an answer that short is the cloud's alone); with a
+        ``line`` the edge reads the prompt and drafts past them meanwhile (pipelined rounds), without
+        one it waits its turn. Returns whether the cloud opened the answer (False: it cannot, or
+        failed before its first token; checks open it then, or the edge writes on alone)."""
+        size = min(budget, size)
+        attempt = self._opener(size)
+        if attempt is None:
+            return False
+        opener = attempt.backend
+        assert isinstance(opener, Opener)
+        part.backend = opener.name
+        opening = Opening(attempt, opener.generate_in(self.session, prompt, size), _CHECKS)
+        ahead = size + self.settings.draft_max  # the edge drafts up to a block past the opening
+        token: int | None = None
+        try:
+            while self.finish is None and len(ids) < budget:
+                if line is not None:
+                    line.extend(min(budget, ahead) - len(ids), opening.ready)
+                token = opening.next()
+                if token is None:
+                    break
+                yield from self._write("cloud", token, ids, part, budget)
+                if line is not None:
+                    line.advance([token])
+            if self._stream.stopped:  # the caller's stop string: nothing more is read
+                opening.abort()
+            elif token is not None:  # the answer ended at the stream's last token: its usage follows
+                while opening.next() is not None:
+                    pass
+        except GeneratorExit:  # the caller stopped reading: so does the cloud
+            opening.abort()
+            raise
+        except ExtensionUnsupportedError:  # it streams no token ids (before the first one)
+            opening.abort()
+            attempt.breaker.release()
+            return opening.delivered > 0
+        except Exception as exc:  # noqa: BLE001 - an outage: the edge writes on (or the next cloud checks)
+            opening.abort()
+            self._counted(part)
+            self.cloud_failed(attempt, exc, "verification")
+            self.span_done("failed", opening.delivered, time.perf_counter() - opening.started)
+            self.clouds = [a for a in self.clouds if a is not attempt]
+            return opening.delivered > 0
+        attempt.breaker.success()
+        stream = opening.tokens
+        self._counted(part)
+        generated = max(stream.generated, opening.delivered)
+        sent = stream.sent or len(prompt)  # (an answer cut short reports no usage)
+        part.prompt_tokens += sent
+        part.cached_tokens += stream.cached
+        part.completion_tokens += generated
+        part.passes += forward_passes(sent - stream.cached, generated)
+        part.seconds += time.perf_counter() - opening.started
+        if stream.finish == "stop" and self.finish is None:  # the cloud ended the answer within its opening
+            self.finish = "stop"
+        self.span_done("opened", generated, time.perf_counter() - opening.started)
+        self.recorder.note("cloud_opening", f"the cloud streamed the answer's first {opening.delivered} tokens",
+                           opening.delivered)
+        return True
 
     def _may_go_ahead(self, flight: Flight) -> bool:
         """Whether a check may go out before ``flight`` lands: two in flight are allowed, the answer

@@ -92,6 +92,7 @@ from ..runtime.coupling import WIRE_FIELDS as COUPLED_FIELDS
 from ..runtime.held import WIRE_FIELDS as HELD_FIELDS
 from ..runtime.held import HeldGrammar
 from ..runtime.scoring import Scored, TokenScore, TokenSession
+from .opening import TokenStream
 from .scored import read_scored
 from .wire import EventReader, error_fields, translate, wait_hint
 from ..types import (
@@ -556,6 +557,13 @@ class CloudBackend(Backend):
         sampled = coupling is not None or grammar is not None
         return read_scored(logprobs, answer, tokens, start=start, top_n=top_n, picked=sampled,
                            session=session, capabilities=self.capabilities, url=str(self.base_url))
+
+    def generate_in(self, session: TokenSession | None, tokens: list[int], max_tokens: int) -> TokenStream:
+        """The cloud's greedy continuation of ``tokens`` by token id, streamed, in a token
+        ``session`` (see :mod:`edgecloud.remote.opening`): iterate it for the ids."""
+        self._reader()  # raises when closed
+        return TokenStream(self._post, self.capabilities, self.model, f"{self.base_url}/completions", session,
+                           tokens, max_tokens)
 
     def _probe(self, name: Capability) -> None:
         """Learn ``name`` with one cheap request (a few tokens in, one out); what a real request
