@@ -112,7 +112,7 @@ def test_the_backend_finds_what_an_endpoint_takes_with_cheap_probes(server: Serv
                                                                      hosted: HostedChatProxy) -> None:
     with CloudBackend(server.url, MODEL, api_key=KEY) as direct, CloudBackend(hosted.url, MODEL, api_key=KEY) as chat:
         ours, theirs = direct.discover().table(), chat.discover().table()
-    assert ours["score"] and ours["continue"] and ours["sessions"] and ours["logprobs"]
+    assert ours["score"] and ours["continue"] and ours["sessions"] and ours["logprobs"] and ours["stream_ids"]
     assert theirs["score"] is False and theirs["continue"] is False and theirs["logprobs"] is True
 
 

@@ -573,6 +573,10 @@ class CloudBackend(Backend):
                 self.score_in(TokenSession(), [0, 1, 2], start=1, top_n=1,
                               coupling=Coupling(seed=0) if name == "coupling" else None)
             return
+        if name == "stream_ids":
+            with contextlib.suppress(ExtensionUnsupportedError):
+                list(self.generate_in(None, [0, 1, 2], 1))
+            return
         hello = [{"role": "user", "content": "Say hello."}, {"role": "assistant", "content": "Hello"}]
         body: dict[str, Any] = {"model": self.model, "messages": hello, "max_tokens": 1, "stream": True}
         if name == "continue":
@@ -628,6 +632,7 @@ class CloudBackend(Backend):
             self.capabilities.find(name)  # type: ignore[arg-type]
         if self.capabilities.known("score"):
             self.capabilities.find("coupling")
+            self.capabilities.find("stream_ids")
         return self.capabilities
 
     def tokenize_chat(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
