@@ -23,6 +23,7 @@ pytest.importorskip("fastapi")
 
 from edgecloud import EdgeCloud
 from edgecloud.backend import Backend
+from edgecloud.errors import BackendError
 from edgecloud.types import ChatCompletionChunk
 from faults import ServeProcess, WrongDrafts, serving
 
@@ -98,8 +99,9 @@ def test_checks_sent_ahead_of_the_one_out_keep_the_clouds_answer_token_for_token
             client(WrongDrafts(edge) if wrong else edge, f"{proxy.url}/v1", overlap=True) as c:
         for prompt in PROMPTS:
             alone = ask(c, prompt, route="cloud", collab="off")
-            one = ask(c, prompt, collab={"mode": "verified", "checks_in_flight": 1})
-            two = ask(c, prompt, collab={"mode": "verified", "checks_in_flight": 2})
+            # (every token checked: the cloud's streamed opening would leave fewer checks to bet on)
+            one = ask(c, prompt, collab={"mode": "verified", "checks_in_flight": 1, "stream_opening": 0})
+            two = ask(c, prompt, collab={"mode": "verified", "checks_in_flight": 2, "stream_opening": 0})
             assert text(two) == text(one) == text(alone), prompt
             final = two[-1]
             assert final.usage.completion_tokens == one[-1].usage.completion_tokens
@@ -304,3 +306,25 @@ def test_a_cloud_that_streams_no_token_ids_opens_the_answer_with_checks(edge: Ba
         assert [ch.route.target for ch in answer if ch.text][:6] == ["cloud"] * 6
         assert answer[-1].route.noted("cloud_opening") is None and not answer[-1].route.fallbacks
     assert capabilities["stream_ids"] is False
+
+
+class FailsDrafting(WrongDrafts):
+    """The wrong edge, whose drafting while checks are out fails at once, while the cloud is still
+    reading the prompt (its strict rounds' blocks still draft)."""
+
+    def greedy(self, tokens: list[int], limit: int, picker: Any = None) -> Iterator[tuple[int, float]]:
+        yield from ()
+        raise BackendError("the edge runtime failed mid-draft (injected)", cause="runtime_error")
+
+
+def test_an_edge_that_fails_during_the_streamed_opening_leaves_the_cloud_to_finish(edge: Backend, cloud: str) -> None:
+    with client(FailsDrafting(edge), cloud, overlap=True) as c:
+        alone = ask(c, PROMPTS[2], route="cloud", collab="off")
+        ask(c, PROMPTS[2], collab={"mode": "verified", "pipeline": False})  # (shows the sessions held)
+        answer = ask(c, PROMPTS[2], collab={"mode": "verified", "stream_opening": 6})
+        stats = c.stats()
+    final = answer[-1]
+    [switch] = final.route.fallbacks
+    assert (switch["from"], switch["to"]) == ("edge", "cloud")
+    assert text(answer) == text(alone) and final.route.tokens["edge"] == 0
+    assert all(state == "closed" for state in stats["circuits"].values())  # the cloud was not blamed

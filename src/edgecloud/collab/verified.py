@@ -497,7 +497,7 @@ class DraftAndCheck(SharedAnswer):
             elif token is not None:  # the answer ended at the stream's last token: its usage follows
                 while opening.next() is not None:
                     pass
-        except GeneratorExit:  # the caller stopped reading: so does the cloud
+        except (GeneratorExit, EdgeFailed):  # the caller stopped reading, or the edge failed: the cloud stops
             opening.abort()
             raise
         except ExtensionUnsupportedError:  # it streams no token ids (before the first one)
