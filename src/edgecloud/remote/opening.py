@@ -39,7 +39,8 @@ Post = Callable[[dict[str, Any], str], httpx.Response]
 
 class TokenStream:
     """The cloud's greedy continuation of ``tokens``, up to ``max_tokens``, by token id (see the
-    module docstring). ``close()`` (or leaving it unread) closes the response: the server stops."""
+    module docstring). ``close()`` closes the response (the server stops); reading it to its end
+    closes it too."""
 
     def __init__(self, post: Post, capabilities: Capabilities, model: str, url: str, session: TokenSession | None,
                  tokens: list[int], max_tokens: int) -> None:
