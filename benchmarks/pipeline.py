@@ -283,7 +283,8 @@ def ttft(args: argparse.Namespace) -> None:
         "modes": sorted({str(r["collab"]) for r in rows})}
     out = {"rtt_s": args.rtt, "split_cores": args.split, "tokens": args.tokens, "per_family": args.per_family,
            "skip": args.skip, "cloud": CLOUD_MODEL, "summary": summary, "rows": rows}
-    name = f"pipeline_ttft_{'split' if args.split else 'shared'}_rtt{int(round(args.rtt * 1000))}_skip{args.skip}.json"
+    name = (f"pipeline_ttft_{'split' if args.split else 'shared'}_rtt{int(round(args.rtt * 1000))}_skip{args.skip}"
+            f"{f'_{args.tag}' if args.tag else ''}.json")
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 
@@ -355,6 +356,7 @@ def main() -> None:
     tt.add_argument("--rtt", type=float, default=0.0, help="round trip to the cloud, seconds (LatencyProxy)")
     tt.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
     tt.add_argument("--tokens", type=int, default=4, help="tokens asked of each answer (max_tokens)")
+    tt.add_argument("--tag", default="", help="appended to the results file's name (a run of a changed client)")
     sub.add_parser("report")
     args = parser.parse_args()
     {"breakdown": breakdown, "live": live, "ttft": ttft, "report": report}[args.phase](args)
