@@ -7,7 +7,7 @@ Phases:
     python benchmarks/pipeline.py live --rtt 0.05            # the shared 2-core box
     python benchmarks/pipeline.py live --split --engine vllm # the cloud: vLLM launched by edgecloud serve
     python benchmarks/pipeline.py ttft --per-family 12       # the first token alone, many tasks
-    python benchmarks/pipeline.py report                     # the runs so far -> table + PNG
+    python benchmarks/pipeline.py report --tag stream        # one client's runs pooled by setup -> JSON + PNG
 
 ``breakdown`` times the parts of one verification round on this machine: the server's forward
 pass for a check of ``k`` drafted tokens (the engine alone, 1 and 2 threads), the same check
@@ -289,18 +289,38 @@ def ttft(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=1))
 
 
+def _pooled(tag: str) -> dict[str, Any]:
+    """The live runs of one client (files ending in ``_{tag}``) pooled by setup (shared box or one
+    core each, the round trip, the engine): each setup's answers of every run, summarised as one run
+    for the policies every run of it answered (the slower side is the cloud where all-edge did not
+    run); with the paired TTFT runs of the same tag."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for path in sorted(RESULTS.glob(f"pipeline_live_*_{tag}.json")):
+        setup = path.stem.removeprefix("pipeline_live_").split("_skip")[0]
+        groups.setdefault(setup, []).append(json.loads(path.read_text(encoding="utf-8")))
+    out: dict[str, Any] = {"tag": tag, "setups": {}}
+    for setup, runs in groups.items():
+        common = [p for p in runs[0]["answers"] if all(p in r["answers"] for r in runs)]
+        pooled = {p: [a for r in runs for a in r["answers"][p]] for p in common}
+        out["setups"][setup] = {"runs": len(runs), "tasks": len(pooled["all-cloud"]), "summary": _summary(pooled)}
+    ttfts = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS.glob(f"pipeline_ttft_*_{tag}.json"))]
+    rows = [r for t in ttfts for r in t["rows"] if r["all-cloud_ttft"] and r["default_ttft"]]
+    if rows:
+        out["ttft_alone"] = {"tasks": len(rows), "ttft_vs_all_cloud_p50": round(statistics.median(
+            r["default_ttft"] / r["all-cloud_ttft"] for r in rows), 3)}
+    return out
+
+
 def report(args: argparse.Namespace) -> None:
-    runs = sorted(RESULTS.glob("pipeline_live_*.json"))
-    table = []
-    for path in runs:
-        run = json.loads(path.read_text(encoding="utf-8"))
-        for name, s in run["summary"].items():
-            table.append({"run": path.stem.removeprefix("pipeline_live_"), "policy": name, **{
-                k: s[k] for k in ("ttft_p50", "ttft_vs_all_cloud_p50", "seconds_p50", "e2e_vs_all_cloud_p50",
-                                  "e2e_vs_slower_side_p50", "tokens_per_s_p50", "checks_per_answer_p50",
-                                  "server_passes_vs_all_cloud_p50", "billed_vs_all_cloud_p50", "quality_vs_all_cloud")
-                if k in s}})
-    print(json.dumps(table, indent=1))
+    pooled = _pooled(args.tag)
+    if not pooled["setups"]:
+        raise SystemExit(f"no results/pipeline_live_*_{args.tag}.json: run `pipeline.py live ... --tag {args.tag}`")
+    (RESULTS / f"pipeline_report_{args.tag}.json").write_text(json.dumps(pooled, indent=1) + "\n", encoding="utf-8")
+    table = [{"setup": setup, "runs": g["runs"], "tasks": g["tasks"], "policy": name, **{
+        k: s[k] for k in ("ttft_vs_all_cloud_p50", "e2e_vs_all_cloud_p50", "e2e_vs_slower_side_p50",
+                          "server_passes_vs_all_cloud_pooled", "billed_vs_all_cloud_p50", "quality_vs_all_cloud")}}
+        for setup, g in pooled["setups"].items() for name, s in g["summary"].items()]
+    print(json.dumps({"table": table, "ttft_alone": pooled.get("ttft_alone")}, indent=1))
     try:
         import matplotlib
 
@@ -308,17 +328,26 @@ def report(args: argparse.Namespace) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    names = sorted({t["run"] for t in table})
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    def label(setup: str) -> str:  # "split_rtt50" -> "one core each, RTT 50 ms"
+        where, rtt = setup.rsplit("_rtt", 1)
+        return f"{'one core each' if where.endswith('split') else 'shared 2 cores'}\nRTT {rtt} ms"
+
+    setups = sorted(pooled["setups"], key=lambda n: ("shared" in n, int(n.rsplit("_rtt", 1)[1])))
+    policies = [p for p in ("all-cloud", "all-edge", "pipelined") if any(t["policy"] == p for t in table)]
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, key, title in ((axes[0], "e2e_vs_all_cloud_p50", "end to end p50 / all-cloud"),
                            (axes[1], "ttft_vs_all_cloud_p50", "TTFT p50 / all-cloud")):
-        for j, policy in enumerate(POLICIES):
-            values = [next((t[key] for t in table if t["run"] == n and t["policy"] == policy), 0) for n in names]
-            ax.bar([i + 0.2 * j for i in range(len(names))], values, width=0.2, label=policy)
-        ax.set_xticks([i + 0.3 for i in range(len(names))], names, rotation=20, fontsize=8)
+        width = 0.8 / len(policies)
+        for j, policy in enumerate(policies):
+            values = [next((t[key] for t in table if t["setup"] == n and t["policy"] == policy), 0) for n in setups]
+            ax.bar([i + width * j for i in range(len(setups))], values, width=width,
+                   label="the default client" if policy == "pipelined" else policy)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(setups))],
+                      [f"{label(n)}\n({pooled['setups'][n]['tasks']} tasks)" for n in setups], fontsize=8)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(title)
-    axes[0].legend(fontsize=8)
+    axes[0].legend(fontsize=8, loc="upper left", ncols=3, bbox_to_anchor=(0, 1.22))
+    fig.suptitle(f"pooled runs of the client tagged {args.tag!r}", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / "pipeline.png", dpi=110)
 
@@ -357,7 +386,8 @@ def main() -> None:
     tt.add_argument("--split", action="store_true", help="this process and its edge on core 0, the server on core 1")
     tt.add_argument("--tokens", type=int, default=4, help="tokens asked of each answer (max_tokens)")
     tt.add_argument("--tag", default="", help="appended to the results file's name (a run of a changed client)")
-    sub.add_parser("report")
+    rp = sub.add_parser("report")
+    rp.add_argument("--tag", default="stream", help="the client whose live runs (files ending in _TAG) are pooled")
     args = parser.parse_args()
     {"breakdown": breakdown, "live": live, "ttft": ttft, "report": report}[args.phase](args)
 
