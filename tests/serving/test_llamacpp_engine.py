@@ -263,6 +263,29 @@ def test_a_failed_step_fails_its_requests_and_the_engine_goes_on(small: LlamaCpp
     assert small.health() is None
 
 
+def test_a_prompt_is_read_in_one_pass_alone_and_in_chunks_beside_a_decoding_answer(smollm2_path: Path) -> None:
+    engine = LlamaCppEngineBackend(smollm2_path, n_ctx=512, max_batch=2, max_prefill_tokens=8)
+    long_turn = [{"role": "user", "content": "Summarise this list: " + ", ".join(f"item {i}" for i in range(30))}]
+    scheduler = engine.scheduler
+    try:
+        steps = scheduler.steps
+        alone = engine.complete(ChatRequest(messages=long_turn, max_tokens=1, temperature=0))
+        assert alone.usage.prompt_tokens > 8 * 8
+        assert scheduler.steps - steps == 1  # nothing else decodes: the prompt and its first token in one pass
+        holder = running(engine.stream(ask("Count from one to fifty.", ignore_eos=True, max_tokens=200)))
+        try:
+            steps = scheduler.steps
+            beside = engine.complete(ChatRequest(messages=[{"role": "user", "content": "Now: " + long_turn[0]["content"]}],
+                                                 max_tokens=1, temperature=0))
+            # a decoding answer waits at most one chunk of it per step
+            read = beside.usage.prompt_tokens - (beside.usage.cached_tokens or 0)
+            assert read > 8 * 4 and scheduler.steps - steps >= -(-read // 8)
+        finally:
+            holder.close()
+    finally:
+        engine.close()
+
+
 def test_scoring_longer_than_a_batch_is_split(smollm2_path: Path, edge: LlamaCppBackend) -> None:
     tokens = edge.tokenize_text("A long sentence about caches, buffers and queues. " * 10)
     assert len(tokens) > 90

@@ -17,8 +17,8 @@ that saves at least :data:`SLOT_REUSE_MIN_TOKENS` more prompt tokens.
 
 **A step** is one ``llama_decode``: one token for every decoding sequence (plus its draft
 tokens when speculating) and chunks of prompt for sequences still prefilling, at most
-``max_prefill_tokens`` of them per step so a long prompt never stalls the others for more than
-one chunk. Then each sequence samples from its own rows of the logits: an ``argmax`` for plain
+``max_prefill_tokens`` of them per step while other sequences decode, so a long prompt never
+stalls them for more than one chunk (with none decoding, up to ``n_batch``: one pass). Then each sequence samples from its own rows of the logits: an ``argmax`` for plain
 greedy; temperature, top-k, top-p, min-p, ``logit_bias`` and the seed with the shared-noise
 sampler (:class:`~edgecloud.runtime.llamacpp_sampler.CoupledSampler`: the same draws a verified
 answer's checks make, so a seed gives one text either way); else (penalties, a grammar) its own
@@ -301,7 +301,10 @@ class LlamaCppScheduler(BatchScheduler[LlamaSequence]):
                 slot.tokens.append(token)
             plan.append((seq, first, len(fed)))
             carried.append(seq)
-        budget = min(self.max_prefill_tokens, ctx.n_batch - ctx.size)
+        # prompt chunks are capped only where they would hold up sequences decoding in this step:
+        # alone, a prompt of up to n_batch tokens is read in one pass (a split one costs a pass
+        # more, and a short trailing chunk runs far below the batch's speed)
+        budget = min(self.max_prefill_tokens if plan else ctx.n_batch, ctx.n_batch - ctx.size)
         prompt_rows = 0
         for seq in self._running:
             if budget <= 0:
