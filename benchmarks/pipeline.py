@@ -224,16 +224,13 @@ def live(args: argparse.Namespace) -> None:
             summary[name]["same_text_as_all_cloud"] = round(sum(same) / max(1, len(same)), 3)
     draft = client.hybrid.draft_model()  # another file than the edge model's drafts: its name is in the file's
     out = {"rtt_s": args.rtt, "split_cores": split, "temperature": args.temperature, "tasks": len(sample),
-           "engine": args.engine, "per_family": args.per_family, "edge": args.edge,
+           "engine": args.engine, "same_prompt": args.same_prompt, "per_family": args.per_family, "edge": args.edge,
            "draft": draft or args.edge, "cloud": CLOUD_MODEL, "summary": summary,
            "answers": results}
-    sampled_tag = f"_t{args.temperature:g}" if args.temperature else ""
-    engine_tag = ("vllm_" if vllm else "") + ("same_prompt_" if args.same_prompt else "")
     skip_tag = f"_skip{args.skip}" if args.skip else ""
     skip_tag += "" if args.edge == EDGE_MODEL else f"_{Path(args.edge).name.removesuffix('.gguf')}"  # not the corpus's
     skip_tag += f"_draft-{Path(draft).name.removesuffix('.gguf')}" if draft else ""
-    name = (f"pipeline_live_{engine_tag}{'split' if split else 'shared'}_rtt{int(round(args.rtt * 1000))}"
-            f"{sampled_tag}{skip_tag}{f'_{args.tag}' if args.tag else ''}.json")
+    name = f"pipeline_live_{_setup(out)}{skip_tag}{f'_{args.tag}' if args.tag else ''}.json"
     (RESULTS / name).write_text(json.dumps(out, indent=1) + "\n", encoding="utf-8")
     print(json.dumps(summary, indent=1))
 
@@ -268,7 +265,7 @@ def ttft(args: argparse.Namespace) -> None:
         server.terminate()
         server.wait(30)
     paired = [r for r in rows if r["all-cloud_ttft"] and r["default_ttft"]]
-    ratios = [r["default_ttft"] / r["all-cloud_ttft"] for r in paired]
+    ratios = _ttft_ratios(paired)
     rng = random.Random(0)
     boot = sorted(statistics.median(rng.choices(ratios, k=len(ratios))) for _ in range(2000))
     summary = {
@@ -289,6 +286,22 @@ def ttft(args: argparse.Namespace) -> None:
     print(json.dumps(summary, indent=1))
 
 
+def _setup(run: dict[str, Any]) -> str:
+    """A live run's setup as its results file names it (``split_rtt50``, ``vllm_shared_rtt0_t0.7``):
+    the engine, one prompt for every policy or not, split cores or the shared box, the round trip, the
+    temperature. Runs of one setup (and one client) pool. (Runs from before a field was recorded
+    had its default: the llama.cpp engine, a prompt of its own per policy.)"""
+    engine = "vllm_" if run.get("engine") == "vllm" else ""
+    same = "same_prompt_" if run.get("same_prompt") else ""
+    sampled = f"_t{run['temperature']:g}" if run.get("temperature") else ""
+    return f"{engine}{same}{'split' if run['split_cores'] else 'shared'}_rtt{int(round(run['rtt_s'] * 1000))}{sampled}"
+
+
+def _ttft_ratios(rows: list[dict[str, Any]]) -> list[float]:
+    """Per-task first-token ratios, the default client against all-cloud, of ``ttft`` rows where both answered."""
+    return [r["default_ttft"] / r["all-cloud_ttft"] for r in rows if r["all-cloud_ttft"] and r["default_ttft"]]
+
+
 def _pooled(tag: str) -> dict[str, Any]:
     """The live runs of one client (files ending in ``_{tag}``) pooled by setup (shared box or one
     core each, the round trip, the engine): each setup's answers of every run, summarised as one run
@@ -296,18 +309,19 @@ def _pooled(tag: str) -> dict[str, Any]:
     run); with the paired TTFT runs of the same tag."""
     groups: dict[str, list[dict[str, Any]]] = {}
     for path in sorted(RESULTS.glob(f"pipeline_live_*_{tag}.json")):
-        setup = path.stem.removeprefix("pipeline_live_").split("_skip")[0]
-        groups.setdefault(setup, []).append(json.loads(path.read_text(encoding="utf-8")))
+        run = json.loads(path.read_text(encoding="utf-8"))
+        groups.setdefault(_setup(run), []).append(run)
     out: dict[str, Any] = {"tag": tag, "setups": {}}
     for setup, runs in groups.items():
         common = [p for p in runs[0]["answers"] if all(p in r["answers"] for r in runs)]
         pooled = {p: [a for r in runs for a in r["answers"][p]] for p in common}
-        out["setups"][setup] = {"runs": len(runs), "tasks": len(pooled["all-cloud"]), "summary": _summary(pooled)}
+        out["setups"][setup] = {"runs": len(runs), "tasks": len(pooled["all-cloud"]),
+                                "split_cores": runs[0]["split_cores"], "rtt_s": runs[0]["rtt_s"],
+                                "summary": _summary(pooled)}
     ttfts = [json.loads(p.read_text(encoding="utf-8")) for p in sorted(RESULTS.glob(f"pipeline_ttft_*_{tag}.json"))]
-    rows = [r for t in ttfts for r in t["rows"] if r["all-cloud_ttft"] and r["default_ttft"]]
-    if rows:
-        out["ttft_alone"] = {"tasks": len(rows), "ttft_vs_all_cloud_p50": round(statistics.median(
-            r["default_ttft"] / r["all-cloud_ttft"] for r in rows), 3)}
+    ratios = _ttft_ratios([r for t in ttfts for r in t["rows"]])
+    if ratios:
+        out["ttft_alone"] = {"tasks": len(ratios), "ttft_vs_all_cloud_p50": round(statistics.median(ratios), 3)}
     return out
 
 
@@ -328,11 +342,13 @@ def report(args: argparse.Namespace) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         return
-    def label(setup: str) -> str:  # "split_rtt50" -> "one core each, RTT 50 ms"
-        where, rtt = setup.rsplit("_rtt", 1)
-        return f"{'one core each' if where.endswith('split') else 'shared 2 cores'}\nRTT {rtt} ms"
+    groups = pooled["setups"]
 
-    setups = sorted(pooled["setups"], key=lambda n: ("shared" in n, int(n.rsplit("_rtt", 1)[1])))
+    def label(setup: str) -> str:  # "one core each\nRTT 50 ms"
+        g = groups[setup]
+        return f"{'one core each' if g['split_cores'] else 'shared 2 cores'}\nRTT {int(round(g['rtt_s'] * 1000))} ms"
+
+    setups = sorted(groups, key=lambda n: (not groups[n]["split_cores"], groups[n]["rtt_s"], n))
     policies = [p for p in ("all-cloud", "all-edge", "pipelined") if any(t["policy"] == p for t in table)]
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, key, title in ((axes[0], "e2e_vs_all_cloud_p50", "end to end p50 / all-cloud"),
@@ -343,7 +359,7 @@ def report(args: argparse.Namespace) -> None:
             ax.bar([i + width * j for i in range(len(setups))], values, width=width,
                    label="the default client" if policy == "pipelined" else policy)
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(setups))],
-                      [f"{label(n)}\n({pooled['setups'][n]['tasks']} tasks)" for n in setups], fontsize=8)
+                      [f"{label(n)}\n({groups[n]['tasks']} tasks)" for n in setups], fontsize=8)
         ax.axhline(1.0, color="grey", lw=0.8)
         ax.set_title(title)
     axes[0].legend(fontsize=8, loc="upper left", ncols=3, bbox_to_anchor=(0, 1.22))

@@ -17,10 +17,8 @@ import argparse
 import json
 import statistics
 import time
-from pathlib import Path
 
-RESULTS = Path(__file__).parent / "results"
-CLOUD_MODEL = "qwen2.5-coder-1.5b-instruct-q4"
+from chat_only import CLOUD_MODEL, RESULTS
 
 
 def _first_token_ms(n_batch: int, lengths: list[int], reps: int) -> dict[str, float]:

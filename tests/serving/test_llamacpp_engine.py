@@ -275,8 +275,8 @@ def test_a_prompt_is_read_in_one_pass_alone_and_in_chunks_beside_a_decoding_answ
         holder = running(engine.stream(ask("Count from one to fifty.", ignore_eos=True, max_tokens=200)))
         try:
             steps = scheduler.steps
-            beside = engine.complete(ChatRequest(messages=[{"role": "user", "content": "Now: " + long_turn[0]["content"]}],
-                                                 max_tokens=1, temperature=0))
+            other_turn = [{"role": "user", "content": "Now: " + long_turn[0]["content"]}]
+            beside = engine.complete(ChatRequest(messages=other_turn, max_tokens=1, temperature=0))
             # a decoding answer waits at most one chunk of it per step
             read = beside.usage.prompt_tokens - (beside.usage.cached_tokens or 0)
             assert read > 8 * 4 and scheduler.steps - steps >= -(-read // 8)

@@ -18,9 +18,10 @@ that saves at least :data:`SLOT_REUSE_MIN_TOKENS` more prompt tokens.
 **A step** is one ``llama_decode``: one token for every decoding sequence (plus its draft
 tokens when speculating) and chunks of prompt for sequences still prefilling, at most
 ``max_prefill_tokens`` of them per step while other sequences decode, so a long prompt never
-stalls them for more than one chunk (with none decoding, up to ``n_batch``: one pass). Then each sequence samples from its own rows of the logits: an ``argmax`` for plain
-greedy; temperature, top-k, top-p, min-p, ``logit_bias`` and the seed with the shared-noise
-sampler (:class:`~edgecloud.runtime.llamacpp_sampler.CoupledSampler`: the same draws a verified
+stalls them for more than one chunk (with none decoding, up to ``n_batch``: one pass). Then each
+sequence samples from its own rows of the logits: an ``argmax`` for plain greedy; temperature,
+top-k, top-p, min-p, ``logit_bias`` and the seed with the shared-noise sampler
+(:class:`~edgecloud.runtime.llamacpp_sampler.CoupledSampler`: the same draws a verified
 answer's checks make, so a seed gives one text either way); else (penalties, a grammar) its own
 llama.cpp sampler chain; and logprobs when asked.
 
