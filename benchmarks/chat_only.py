@@ -69,6 +69,14 @@ def _corpus(edge: str) -> Path:
     return folder
 
 
+def _folder(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(outcomes file, folder for what a phase writes): the corpus's, or ``--tasks DIR``'s own
+    (``DIR/outcomes.jsonl``: tasks labelled apart from the corpus, e.g. ``lead_copy.py fresh``)."""
+    if args.tasks:
+        return Path(args.tasks) / "outcomes.jsonl", Path(args.tasks)
+    return OUTCOMES, _corpus(args.edge)
+
+
 def _rows(path: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
@@ -129,9 +137,10 @@ def head(args: argparse.Namespace) -> None:
             return self._llm.tokenize(text.encode("utf-8"), add_bos=False, special=True)
 
     tasks = {t.id: t for t in load_corpus(full=True)}
-    out_path = _corpus(args.edge) / f"head-{args.m}.edge.jsonl"
+    outcomes, folder = _folder(args)
+    out_path = folder / f"head-{args.m}.edge.jsonl"
     done = {r["id"] for r in _rows(out_path)}
-    rows = [r for r in _rows(OUTCOMES) if r["id"] not in done and r["id"] in tasks]
+    rows = [r for r in _rows(outcomes) if r["id"] not in done and r["id"] in tasks]
     with Continuing(args.edge, parallel=args.parallel, n_ctx=args.parallel * 1024) as runner, \
             out_path.open("a", encoding="utf-8") as fh:
         llm = runner._llm
@@ -163,11 +172,11 @@ def lead_signal(args: argparse.Namespace) -> None:
     under the edge given the prompt and the tokens before it (one pass per task)."""
     from edgecloud.edge.llamacpp import LlamaCppBackend
 
-    folder = _corpus(args.edge)
+    outcomes, folder = _folder(args)
     heads = {r["id"]: r for r in _rows(folder / f"head-{args.m}.edge.jsonl")}
     out_path = folder / f"lead-{args.m}.signal.jsonl"
     done = {r["id"] for r in _rows(out_path)}
-    rows = [r for r in _rows(OUTCOMES) if r["id"] in heads and r["id"] not in done]
+    rows = [r for r in _rows(outcomes) if r["id"] in heads and r["id"] not in done]
     with LlamaCppBackend(args.edge, n_ctx=2048) as edge, out_path.open("a", encoding="utf-8") as fh:
         for i, r in enumerate(rows):
             prompt = edge.tokenize_chat(r["messages"])
@@ -716,6 +725,9 @@ def main() -> None:
         phase.add_argument("--edge", default=EDGE_MODEL,
                            help="the edge writing tails (catalogue name or .gguf); another than the corpus's "
                                 "keeps its files in corpus/<edge>/")
+    for phase in (hd, ls):
+        phase.add_argument("--tasks", help="a folder with its own outcomes.jsonl (tasks outside the corpus), "
+                                           "where this phase writes too")
     cs = sub.add_parser("cloud-signal")
     cs.add_argument("--m", type=int, default=16)
     rep = sub.add_parser("report")

@@ -246,11 +246,18 @@ class CollabSettings(_Section):
         16, ge=1, le=512, description="Lead mode: the cloud's tokens the edge reads before it may take over.",
     )
     lead_agree: float = Field(
-        0.85, ge=0, le=1,
+        0.8125, ge=0, le=1,
         description="Lead mode: the edge takes over when its own greedy choice agrees with at least this share of "
-                    "the cloud's first lead_tokens tokens (else the cloud writes the whole answer; 0: always take "
-                    "over, 1: only when it agrees with every one). Chosen held out by task family "
-                    "(benchmarks/chat_only.py); 0.9 buys ~2 points of quality for ~0.09x more of the bill.",
+                    "the cloud's first lead_tokens tokens, those copied from the prompt left out (lead_copy_ngram; "
+                    "else the cloud writes the whole answer; 0: always take over, 1: only when it agrees with every "
+                    "one). Chosen on the development corpus for 90 % of all-cloud quality, held out by task family "
+                    "(benchmarks/lead_copy.py).",
+    )
+    lead_copy_ngram: int = Field(
+        4, ge=0, le=64,
+        description="Lead mode: the edge's agreement leaves out the cloud's tokens inside a stretch of at least this "
+                    "many tokens the prompt holds verbatim (a signature, a restated question: agreeing with a copy "
+                    "says nothing of the answer); an opening copied whole counts every token. 0: count every token.",
     )
     pipeline: bool = Field(
         True, description="Verified mode: the edge drafts on while a check is in flight and the next check goes out "

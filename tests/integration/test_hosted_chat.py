@@ -161,6 +161,19 @@ def test_lead_mode_hands_the_answer_to_the_edge_after_the_clouds_opening(edge: B
     assert final.route.tokens["edge"] > 0 and 0 < final.route.tokens["cloud"] <= 8
 
 
+def test_the_lead_check_leaves_out_what_the_opening_copies_from_the_prompt(edge: Backend) -> None:
+    from edgecloud.collab.lead import agreement
+
+    said = "Repeat after me: the quick brown fox jumps over the lazy dog."
+    messages = [{"role": "user", "content": said}]
+    opening = "The quick brown fox jumps over the lazy dog. It is a pangram: it uses every letter of"
+    every, own = agreement(edge, messages, opening, 16), agreement(edge, messages, opening, 16, copy_ngram=4)
+    assert every.tokens == own.tokens == every.counted == 16
+    assert 0 < own.counted < own.tokens  # the copied words are not counted, the rest is
+    whole = agreement(edge, messages, said, 16, copy_ngram=4)  # a copy, whole: every token counts
+    assert whole.counted == whole.tokens > 0
+
+
 def test_lead_mode_leaves_the_answer_to_the_cloud_where_the_edge_disagrees(qwen05_path: Path,
                                                                            hosted: HostedChatProxy) -> None:
     """Another family on the edge (Qwen 0.5B) does not write SmolLM2's opening token for token: with
