@@ -159,6 +159,8 @@ def test_bad_argument_names_argument() -> None:
         load_settings(fallback={"failure_threshold": 0})
     with pytest.raises(ConfigError, match="unknown key 'cloud_modle' .*from argument.*cloud_model"):
         load_settings(cloud_modle="x")
+    with pytest.raises(ConfigError, match=r"collab\.lead_copy_ngram = -1 \(from argument\).*greater than or equal to 0"):
+        load_settings(collab={"lead_copy_ngram": -1})
 
 
 def test_unknown_key_in_file_lists_known_keys(tmp_path: Path) -> None:
