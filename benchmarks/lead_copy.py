@@ -52,10 +52,23 @@ NGRAMS = (0, 2, 3, 4, 5, 6, 8)
 SHIPPED_NGRAM = 4
 TARGETS = (0.90, 0.91, 0.92)
 SHUFFLE_SEEDS = 10
-
-
 FRESH = CORPUS / "fresh"
 FRESH_HUMANEVAL = 40  # of the 100 HumanEval tasks outside the corpus (the rest of each family: all)
+
+
+def _share(agree: list[int], mask: list[bool]) -> float:
+    """The edge's agreement with the opening, the positions of ``mask`` left out (all counted where
+    every one is)."""
+    own = [a for a, c in zip(agree, mask) if not c] or agree
+    return sum(own) / len(own)
+
+
+def _outcome(row: dict[str, Any], head: dict[str, Any], share: float, threshold: float) -> tuple[bool, float]:
+    """(passed, billed) of one answer: the edge's tail after the cloud's opening where it agrees enough,
+    else the cloud's whole answer (also where the cloud finished within its opening)."""
+    if head["cloud_whole"] or share < threshold:
+        return bool(row["cloud_pass"]), 1.0
+    return bool(head["pass"]), _billed(row, LEAD)
 
 
 def fresh(args: argparse.Namespace) -> None:
@@ -113,15 +126,10 @@ def replay() -> dict[str, Any]:
         raise SystemExit("needs head-16, lead-16.signal (chat_only.py head, lead-signal) and lead-16.copy (runs)")
 
     def share(ids: str, mask: list[bool]) -> float:
-        a = agree[ids]
-        own = [x for x, c in zip(a, mask) if not c] or a
-        return sum(own) / len(own)
+        return _share(agree[ids], mask)
 
     def outcome(r: dict[str, Any], s: float, t: float) -> tuple[bool, float]:
-        h = heads[r["id"]]
-        if h["cloud_whole"] or s < t:  # the cloud finished within its opening, or writes the answer
-            return bool(r["cloud_pass"]), 1.0
-        return bool(h["pass"]), _billed(r, LEAD)
+        return _outcome(r, heads[r["id"]], s, t)
 
     def held_out(shares: dict[str, float], target: float) -> tuple[dict[str, Any], dict[str, Any]]:
         grid = sorted(set(shares.values())) + [1.01]
@@ -227,11 +235,8 @@ def confirm(args: argparse.Namespace) -> None:
     families = sorted({r["suite"] for r in rows})
 
     def outcome(r: dict[str, Any], k: int, t: float) -> tuple[bool, float]:
-        h, a = heads[r["id"]], agree[r["id"]]
-        own = [x for x, c in zip(a, copied(prompt_runs[r["id"]][:len(a)], k)) if not c] or a
-        if h["cloud_whole"] or sum(own) / len(own) < t:
-            return bool(r["cloud_pass"]), 1.0
-        return bool(h["pass"]), _billed(r, LEAD)
+        a = agree[r["id"]]
+        return _outcome(r, heads[r["id"]], _share(a, copied(prompt_runs[r["id"]][:len(a)], k)), t)
 
     def summary(sub: list[dict[str, Any]], k: int, t: float) -> dict[str, Any]:
         res = [outcome(r, k, t) for r in sub]
