@@ -489,17 +489,17 @@ def _chosen_held_out(rows: list[dict[str, Any]], families: list[str], grid: list
     """For each family, the setting of ``grid`` chosen on the other seven: the lowest mean bill there
     (``outcome(row, setting)`` gives (passed, billed, ...)) that keeps ``target`` of all-cloud
     quality; the first such setting on a tie, None where none keeps it."""
-    chosen: dict[str, Any] = {}
-    for fam in families:
-        train = [r for r in rows if r["suite"] != fam]
-        q_cloud, best = sum(r["cloud_pass"] for r in train), (math.inf, None)
-        for g in grid:
-            res = [outcome(r, g) for r in train]
+    train = {fam: [i for i, r in enumerate(rows) if r["suite"] != fam] for fam in families}
+    q_cloud = {fam: sum(rows[i]["cloud_pass"] for i in train[fam]) for fam in families}
+    best: dict[str, tuple[float, Any]] = {fam: (math.inf, None) for fam in families}
+    for g in grid:
+        every = [outcome(r, g) for r in rows]  # once per setting, then read by each family's train set
+        for fam in families:
+            res = [every[i] for i in train[fam]]
             bill = statistics.fmean(o[1] for o in res)
-            if sum(o[0] for o in res) >= target * q_cloud and bill < best[0]:
-                best = (bill, g)
-        chosen[fam] = best[1]
-    return chosen
+            if sum(o[0] for o in res) >= target * q_cloud[fam] and bill < best[fam][0]:
+                best[fam] = (bill, g)
+    return {fam: best[fam][1] for fam in families}
 
 
 def _second_signal_lead(rows: list[dict[str, Any]], families: list[str]) -> dict[str, Any]:
