@@ -33,7 +33,9 @@ KEY = "sk-test"
 COUPLING_FIELDS = ("coupling", "seed", "top_k", "min_p", "logit_bias")
 PROMPTS = ["Name one colour. Reply with the colour only.", "Pick a number between one and ten.",
            "Say one word about the sea."]
-DRAWS = 1000
+# draws per side: enough that an answer not drawn from the cloud's distribution (a greedy one, a
+# draw from the edge's) fails the test below by far; the torch engine answers several times slower
+DRAWS = {"llamacpp": 400, "torch": 200}
 TOKENS = 2
 
 
@@ -95,20 +97,22 @@ def noise_tv(table: np.ndarray, rounds: int = 300) -> float:
 # every prompt on the llama.cpp engine; one on the torch engine (the picks are the same code on both)
 @pytest.mark.parametrize(("cloud", "prompt"), [*(("llamacpp", p) for p in PROMPTS), ("torch", PROMPTS[0])],
                          indirect=["cloud"])
-def test_verified_first_tokens_are_distributed_as_the_clouds_alone(edge: Backend, cloud: str, prompt: str) -> None:
+def test_verified_first_tokens_are_distributed_as_the_clouds_alone(edge: Backend, cloud: str, prompt: str,
+                                                                  request: pytest.FixtureRequest) -> None:
+    draws = DRAWS[request.node.callspec.params["cloud"]]
     verified: Counter[str] = Counter()
     alone: Counter[str] = Counter()
     notes: set[str] = set()
 
     def cloud_alone() -> None:
         with client(edge, cloud) as c:
-            for seed in range(DRAWS):  # other seeds than the verified draws': independent samples
+            for seed in range(draws):  # other seeds than the verified draws': independent samples
                 alone[ask(c, prompt, route="cloud", temperature=1.0, seed=10**6 + seed, max_tokens=TOKENS).text] += 1
 
     worker = threading.Thread(target=cloud_alone)
     worker.start()
     with client(WrongDrafts(edge), cloud) as c:
-        for seed in range(DRAWS):
+        for seed in range(draws):
             answer = ask(c, prompt, temperature=1.0, seed=seed, max_tokens=TOKENS)
             verified[answer.text] += 1
             notes |= {n.code for n in answer.route.notes}
@@ -122,7 +126,7 @@ def test_verified_first_tokens_are_distributed_as_the_clouds_alone(edge: Backend
 
 def test_a_seed_writes_the_same_text_as_the_cloud_alone_and_twice_the_same(edge: Backend, cloud: str) -> None:
     with client(WrongDrafts(edge), cloud) as c:
-        for seed in (3, 17, 2**40):
+        for seed in (3, 2**40):  # a small seed and one past 32 bits
             for prompt in PROMPTS:
                 params = dict(temperature=0.9, top_p=0.95, seed=seed, max_tokens=24)
                 first, again = ask(c, prompt, **params), ask(c, prompt, **params)
