@@ -33,8 +33,8 @@ KEY = "sk-test"
 COUPLING_FIELDS = ("coupling", "seed", "top_k", "min_p", "logit_bias")
 PROMPTS = ["Name one colour. Reply with the colour only.", "Pick a number between one and ten.",
            "Say one word about the sea."]
-# draws per side: enough that an answer not drawn from the cloud's distribution (a greedy one, a
-# draw from the edge's) fails the test below by far; the torch engine answers several times slower
+# draws per side: a greedy answer (one text every time) fails the test below by far; a subtler bias
+# needs more (1000 a side, run by hand, sees shifts about 1.6x smaller); the torch engine is slower
 DRAWS = {"llamacpp": 400, "torch": 200}
 TOKENS = 2
 
@@ -95,11 +95,12 @@ def noise_tv(table: np.ndarray, rounds: int = 300) -> float:
 
 
 # every prompt on the llama.cpp engine; one on the torch engine (the picks are the same code on both)
-@pytest.mark.parametrize(("cloud", "prompt"), [*(("llamacpp", p) for p in PROMPTS), ("torch", PROMPTS[0])],
+@pytest.mark.parametrize(("cloud", "prompt", "draws"),
+                         [*(("llamacpp", p, DRAWS["llamacpp"]) for p in PROMPTS),
+                          ("torch", PROMPTS[0], DRAWS["torch"])],
                          indirect=["cloud"])
 def test_verified_first_tokens_are_distributed_as_the_clouds_alone(edge: Backend, cloud: str, prompt: str,
-                                                                  request: pytest.FixtureRequest) -> None:
-    draws = DRAWS[request.node.callspec.params["cloud"]]
+                                                                  draws: int) -> None:
     verified: Counter[str] = Counter()
     alone: Counter[str] = Counter()
     notes: set[str] = set()
