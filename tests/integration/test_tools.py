@@ -106,16 +106,19 @@ def test_openai_sdk_calls_streams_and_follows_up(openai_client: Any) -> None:
 
 def test_openai_sdk_sees_call_arguments_arrive_in_pieces(openai_client: Any) -> None:
     ask = [{"role": "user", "content": "Order two of sku A-1, rush it."}]
-    pieces = [call for chunk in openai_client.chat.completions.create(
-                  model=QWEN, messages=ask, tools=[WEATHER, ORDER], tool_choice="required", temperature=0,
-                  max_tokens=80, stream=True)
+    params: dict[str, Any] = dict(model=QWEN, messages=ask, tools=[WEATHER, ORDER], tool_choice="required",
+                                  temperature=0, max_tokens=80)
+    pieces = [call for chunk in openai_client.chat.completions.create(**params, stream=True)
               for choice in chunk.choices for call in choice.delta.tool_calls or []]
+    whole = openai_client.chat.completions.create(**params).choices[0].message.tool_calls
     first, rest = pieces[0], pieces[1:]
     assert first.index == 0 and first.id and first.type == "function" and first.function.name == "place_order"
     assert len([p for p in rest if p.function.arguments]) > 1
     assert all(p.index == 0 and p.id is None and not p.function.name for p in rest)
-    arguments = json.loads("".join(p.function.arguments or "" for p in pieces))
-    jsonschema.validate(arguments, ORDER_PARAMS)
+    joined = "".join(p.function.arguments or "" for p in pieces)
+    jsonschema.validate(json.loads(joined), ORDER_PARAMS)
+    # the pieces are the call the same request gets whole
+    assert len(whole) == 1 and (whole[0].function.name, whole[0].function.arguments) == (first.function.name, joined)
 
 
 def test_instructor_in_tools_mode(qwen_server: ServeProcess) -> None:
